@@ -1,0 +1,171 @@
+"""The system model of the chain-serving paper (§2.1) as frozen dataclasses.
+
+Everything is in SI units: bytes for memory, seconds for time. Blocks are
+1-indexed as in the paper; a server with ``num_blocks == 0`` holds nothing.
+Construction validates its input and raises :class:`SpecError` naming the
+offending field, so bad input never reaches the algorithms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+GB = 1e9
+
+
+class SpecError(ValueError):
+    """A cluster, model or placement description is invalid; the message names the field."""
+
+
+class InfeasibleError(ValueError):
+    """The servers cannot host the model (or a requested capacity) at all."""
+
+
+def _check_positive(owner: str, name: str, value: float, *, allow_zero: bool = False) -> None:
+    """Raise SpecError unless ``value`` is a finite positive (or non-negative) number."""
+    try:
+        ok_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        finite = ok_number and math.isfinite(value)
+    except TypeError:
+        finite = False
+    if not finite:
+        raise SpecError(f"{owner}: field '{name}' must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise SpecError(f"{owner}: field '{name}' must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One server j: memory M_j, communication time τc_j, per-block compute time τp_j."""
+
+    name: str
+    memory_bytes: float
+    tau_c_s: float
+    tau_p_s: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SpecError(f"server: field 'name' must be a non-empty string, got {self.name!r}")
+        owner = f"server {self.name!r}"
+        _check_positive(owner, "memory_bytes", self.memory_bytes)
+        _check_positive(owner, "tau_c_s", self.tau_c_s, allow_zero=True)
+        _check_positive(owner, "tau_p_s", self.tau_p_s)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The served model: L blocks of s_m bytes each, s_c bytes of KV cache per block per job."""
+
+    num_blocks: int
+    block_bytes: float
+    cache_bytes: float
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        owner = f"model {self.name!r}"
+        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+            raise SpecError(f"{owner}: field 'num_blocks' (L) must be an integer >= 1, got {self.num_blocks!r}")
+        _check_positive(owner, "block_bytes", self.block_bytes)
+        _check_positive(owner, "cache_bytes", self.cache_bytes)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Block placement: server j hosts blocks a_j .. a_j + m_j - 1 (1-indexed); m_j = 0 means none."""
+
+    first_block: tuple[int, ...]
+    num_blocks: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.first_block) != len(self.num_blocks):
+            raise SpecError("placement: 'first_block' and 'num_blocks' differ in length")
+        for j, (a, m) in enumerate(zip(self.first_block, self.num_blocks)):
+            if m < 0 or (m > 0 and a < 1):
+                raise SpecError(f"placement: server index {j} has first_block={a}, num_blocks={m}")
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.num_blocks)
+
+    def hosts(self, j: int) -> bool:
+        return self.num_blocks[j] > 0
+
+    def end(self, j: int) -> int:
+        """One past the last block server j holds (a_j + m_j)."""
+        return self.first_block[j] + self.num_blocks[j]
+
+    def check_for(self, model: ModelSpec) -> None:
+        """Raise SpecError if some server claims blocks outside 1..L."""
+        for j, (a, m) in enumerate(zip(self.first_block, self.num_blocks)):
+            if m > 0 and a + m - 1 > model.num_blocks:
+                raise SpecError(
+                    f"placement: server index {j} holds blocks {a}..{a + m - 1} but the model has "
+                    f"{model.num_blocks} blocks"
+                )
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A server chain: servers in block order, blocks processed at each (m_ij), capacity c_k."""
+
+    servers: tuple[int, ...]
+    blocks: tuple[int, ...]
+    capacity: int
+    service_time_s: float
+
+    @property
+    def rate_per_s(self) -> float:
+        """μ_k = 1 / T_k."""
+        return 1.0 / self.service_time_s
+
+    def spans(self) -> list[tuple[int, int, int]]:
+        """(server index, first block 1-indexed, number of blocks) for each hop."""
+        out: list[tuple[int, int, int]] = []
+        start = 1
+        for j, m in zip(self.servers, self.blocks):
+            out.append((j, start, m))
+            start += m
+        return out
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Servers + model + placement + chains with capacities: what compose produces."""
+
+    servers: tuple[ServerSpec, ...]
+    model: ModelSpec
+    placement: Placement
+    chains: tuple[Chain, ...]
+    c: int = 0
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def total_rate_per_s(self) -> float:
+        """ν = Σ_k c_k μ_k."""
+        return sum(ch.capacity * ch.rate_per_s for ch in self.chains)
+
+    @property
+    def total_capacity(self) -> int:
+        return sum(ch.capacity for ch in self.chains)
+
+    def sorted_chains(self) -> tuple[Chain, ...]:
+        """Chains fastest first (μ_1 ≥ … ≥ μ_K)."""
+        return tuple(sorted(self.chains, key=lambda ch: ch.service_time_s))
+
+
+def validate_servers(servers: Sequence[ServerSpec]) -> tuple[ServerSpec, ...]:
+    """Return servers as a tuple; raise SpecError on an empty list or duplicate names."""
+    servers = tuple(servers)
+    if not servers:
+        raise SpecError("servers: at least one server is required")
+    seen: set[str] = set()
+    for s in servers:
+        if not isinstance(s, ServerSpec):
+            raise SpecError(f"servers: expected ServerSpec, got {type(s).__name__}")
+        if s.name in seen:
+            raise SpecError(f"servers: duplicate server name {s.name!r}")
+        seen.add(s.name)
+    return servers
