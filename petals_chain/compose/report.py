@@ -1,0 +1,77 @@
+"""Turn a Composition into the JSON document and the readable table the CLI prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from petals_chain.model import Composition
+
+
+def composition_to_dict(comp: Composition) -> dict[str, Any]:
+    """The CLI's JSON shape: c, placement (name → [first_block, num_blocks]), chains, rate, bounds."""
+    names = [s.name for s in comp.servers]
+    placement = {
+        names[j]: [comp.placement.first_block[j], comp.placement.num_blocks[j]]
+        for j in range(len(names))
+        if comp.placement.num_blocks[j] > 0
+    }
+    chains = [
+        {
+            "servers": [names[j] for j in ch.servers],
+            "blocks": list(ch.blocks),
+            "capacity": ch.capacity,
+            "service_time_s": ch.service_time_s,
+        }
+        for ch in comp.sorted_chains()
+    ]
+    out: dict[str, Any] = {
+        "model": comp.model.name,
+        "c": comp.c,
+        "placement": placement,
+        "idle_servers": [n for j, n in enumerate(names) if comp.placement.num_blocks[j] == 0],
+        "chains": chains,
+        "total_capacity": comp.total_capacity,
+        "total_rate_per_s": comp.total_rate_per_s,
+        "bounds": {"lower_s": comp.meta.get("lower_s"), "upper_s": comp.meta.get("upper_s")},
+    }
+    tuning = comp.meta.get("tuning")
+    if tuning is not None:
+        out["tuning"] = {
+            "criterion": tuning.criterion,
+            "c_by_criterion": {k: tuning.best(k) for k in ("lower", "upper", "surrogate")},
+            "curve": [
+                {"c": p.c, "surrogate": p.surrogate, "gca_chains": p.gca_chains, "lower_s": p.lower_s,
+                 "upper_s": p.upper_s, "total_rate_per_s": p.total_rate_per_s}
+                for p in tuning.curve
+            ],
+        }
+    return out
+
+
+def composition_table(comp: Composition, arrival_rate: float | None = None) -> str:
+    """A human-readable summary: placement, chains with capacities, c and the bounds."""
+    d = composition_to_dict(comp)
+    lines = [f"model {d['model']}: L={comp.model.num_blocks} blocks, c={d['c']}"]
+    lines.append("")
+    lines.append(f"{'server':<16}{'blocks':>12}{'memory GB':>11}{'tau_c s':>9}{'tau_p s':>9}")
+    for j, s in enumerate(comp.servers):
+        a, m = comp.placement.first_block[j], comp.placement.num_blocks[j]
+        span = f"{a}-{a + m - 1}" if m else "-"
+        lines.append(f"{s.name:<16}{span:>12}{s.memory_bytes / 1e9:>11.2f}{s.tau_c_s:>9.3f}{s.tau_p_s:>9.4f}")
+    lines.append("")
+    lines.append(f"{'chain':<6}{'capacity':>9}{'T_k s':>9}  servers (blocks)")
+    for k, ch in enumerate(d["chains"]):
+        hops = " -> ".join(f"{n}({b})" for n, b in zip(ch["servers"], ch["blocks"]))
+        lines.append(f"{k:<6}{ch['capacity']:>9}{ch['service_time_s']:>9.3f}  {hops}")
+    lines.append("")
+    lines.append(f"total capacity {d['total_capacity']} jobs, total service rate {d['total_rate_per_s']:.4f} /s")
+    if arrival_rate is not None:
+        lines.append(f"arrival rate {arrival_rate:.4g} /s, load {arrival_rate / d['total_rate_per_s']:.3f}")
+    b = d["bounds"]
+    if b["lower_s"] is not None:
+        lines.append(f"mean response time (Theorem 3.7): {b['lower_s']:.3f} s <= T <= {b['upper_s']:.3f} s")
+    if "tuning" in d:
+        t = d["tuning"]
+        picks = ", ".join(f"{k}: c={v}" for k, v in t["c_by_criterion"].items())
+        lines.append(f"c chosen by the {t['criterion']} criterion; each criterion picks {picks}")
+    return "\n".join(lines)
