@@ -27,7 +27,7 @@ def _gca_rounds(first, end, tau_c, tau_p, slots, num_blocks, out_servers, out_bl
     n = first.shape[0]
     L1 = num_blocks + 1
     # servers grouped by end position (positions 2..L+1), each group in index order
-    order = np.argsort(end, kind="stable")
+    order = np.argsort(end, kind="mergesort")
     starts = np.zeros(L1 + 2, dtype=np.int64)
     for idx in range(n):
         starts[end[order[idx]] + 1] += 1
