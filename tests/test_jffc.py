@@ -1,0 +1,64 @@
+"""JFFC (Algorithm 3): fastest free chain first, one central FIFO queue, slots handed over on departure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from petals_chain.dispatch.jffc import JFFC
+from petals_chain.model import SpecError
+
+
+def test_fastest_free_chain_then_queue_then_fifo():
+    pol = JFFC(rates=[1.0, 3.0, 2.0], capacities=[1, 2, 1])
+    chains = [pol.on_arrival(j)[0].chain for j in range(4)]
+    assert chains == [1, 1, 2, 0]  # fastest (rate 3) twice, then rate 2, then rate 1
+    assert pol.on_arrival(4) == [] and pol.on_arrival(5) == []
+    assert pol.queue_length() == 2 and pol.occupancy() == [1, 2, 1]
+    # a departure hands its slot straight to the queue head, on the chain that freed it
+    (s,) = pol.on_departure(0, 1)
+    assert (s.job, s.chain) == (4, 1)
+    (s,) = pol.on_departure(3, 0)
+    assert (s.job, s.chain) == (5, 0)
+    assert pol.on_departure(2, 2) == [] and pol.occupancy() == [1, 2, 0]
+    assert pol.on_arrival(6)[0].chain == 2  # the freed chain is offered again
+
+
+def test_ties_go_to_the_lower_index_and_cancel_removes_waiters():
+    pol = JFFC([2.0, 2.0], [1, 1])
+    assert [pol.on_arrival(j)[0].chain for j in range(2)] == [0, 1]
+    pol.on_arrival(10)
+    pol.on_arrival(11)
+    assert pol.cancel(10) and not pol.cancel(99)
+    assert pol.queued_jobs() == [11]
+    assert pol.on_departure(0, 0)[0].job == 11
+
+
+def test_departure_from_idle_chain_is_an_error():
+    pol = JFFC([1.0], [1])
+    with pytest.raises(ValueError, match="no job in service"):
+        pol.on_departure(0, 0)
+    with pytest.raises(SpecError):
+        JFFC([1.0, 0.0], [1, 1])
+    with pytest.raises(SpecError):
+        JFFC([1.0], [0])
+
+
+def test_random_event_sequences_keep_invariants():
+    rng = np.random.default_rng(0)
+    rates = rng.uniform(0.1, 5.0, 8)
+    caps = rng.integers(1, 4, 8)
+    pol = JFFC(rates, caps)
+    on: dict[int, int] = {}
+    for job in range(3000):
+        if not on or rng.random() < 0.5:
+            starts = pol.on_arrival(job)
+        else:
+            j = int(rng.choice(list(on)))
+            starts = pol.on_departure(j, on.pop(j))
+        for s in starts:
+            on[s.job] = s.chain
+        occ = pol.occupancy()
+        assert all(0 <= o <= c for o, c in zip(occ, caps))
+        assert pol.queue_length() == 0 or occ == list(caps)  # queue only when every chain is full
+        assert sum(occ) == len(on)
