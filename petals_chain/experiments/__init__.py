@@ -1,0 +1,27 @@
+"""The paper's experiments: `python -m petals_chain.experiments NAME [--quick] [--seed S] [--out DIR]`.
+
+Each experiment lives in its own module exposing ``run(args) -> Summary``; it
+writes ``DIR/NAME.csv`` and ``DIR/NAME.png`` and returns the headline numbers
+that go into ``DIR/README.md`` next to the paper's.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> module (relative to this package); a module is imported only when its experiment runs
+EXPERIMENTS: dict[str, str] = {
+    "fig3": "fig3_placement",
+    "fig4": "fig4_cache",
+    "fig5": "fig5_dispatch",
+    "fig6": "fig6_c_curve",
+    "fig7": "fig7_c_star",
+    "fig8": "fig8_overall",
+}
+
+
+def load(name: str):
+    """Import the module of experiment `name` (KeyError with the known names if unknown)."""
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
+    return importlib.import_module(f"{__name__}.{EXPERIMENTS[name]}")

@@ -1,0 +1,40 @@
+"""Run one experiment (or `all`) and record it in the results folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from petals_chain.experiments import EXPERIMENTS, load
+from petals_chain.experiments.common import REPO, update_readme
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the experiments asked for, print each summary."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.experiments", description=__doc__)
+    p.add_argument("names", nargs="+", help=f"experiments to run: {', '.join(EXPERIMENTS)} or all")
+    p.add_argument("--quick", action="store_true", help="a minutes-long version with fewer points and runs")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=REPO / "results", help="output folder (default: results/)")
+    p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
+    args = p.parse_args(argv)
+    names = list(EXPERIMENTS) if args.names == ["all"] else args.names
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        print(f"error: unknown experiment(s) {unknown}; known: {', '.join(EXPERIMENTS)}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        t0 = time.perf_counter()
+        summary = load(name).run(args)
+        update_readme(args.out, summary)
+        print(f"== {name}: {summary.title} ({time.perf_counter() - t0:.1f} s)")
+        for line in summary.lines:
+            print(f"   {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""What every experiment shares: output folder, CSV writing, the results README, plot styling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Summary:
+    """Headline results of one experiment run, for results/README.md and the closing notes."""
+
+    name: str
+    title: str
+    command: str
+    lines: list[str] = field(default_factory=list)
+    paper: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Write dict rows as CSV (columns from the first row)."""
+    rows = list(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        if not rows:
+            return path
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def mean_ci(values: Iterable[float], z: float = 1.96) -> tuple[float, float]:
+    """Sample mean and the half-width of its normal-approximation 95% confidence interval."""
+    a = np.asarray(list(values), dtype=float)
+    if a.size == 0:
+        return float("nan"), float("nan")
+    if a.size == 1:
+        return float(a[0]), 0.0
+    return float(a.mean()), float(z * a.std(ddof=1) / np.sqrt(a.size))
+
+
+def update_readme(out_dir: Path, summary: Summary) -> Path:
+    """Insert or replace this experiment's section in out_dir/README.md (sections ordered by name)."""
+    path = out_dir / "README.md"
+    head = "# Results\n\nWritten by `python -m petals_chain.experiments NAME`; each section says the command.\n"
+    text = path.read_text() if path.exists() else head
+    sections = dict(re.findall(r"(?ms)^<!-- (\w+) -->\n(.*?)(?=^<!-- \w+ -->|\Z)", text))
+    body = [f"## {summary.name}: {summary.title}", "", f"Command: `{summary.command}`", "",
+            f"![{summary.name}]({summary.name}.png)", ""]
+    body += [f"- {line}" for line in summary.lines]
+    if summary.paper:
+        body += ["", "Paper:"] + [f"- {line}" for line in summary.paper]
+    sections[summary.name] = "\n".join(body) + "\n\n"
+    out = head + "\n" + "".join(f"<!-- {k} -->\n{sections[k]}" for k in sorted(sections))
+    path.write_text(out)
+    (out_dir / f"{summary.name}.json").write_text(json.dumps(
+        {"name": summary.name, "command": summary.command, "lines": summary.lines, "data": summary.data},
+        indent=2, default=float))
+    return path
+
+
+def plt():
+    """matplotlib.pyplot on the Agg backend with readable defaults."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    pyplot.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
+                            "legend.fontsize": 9})
+    return pyplot
