@@ -56,3 +56,10 @@ def tau_c(rtt_s: float, workload: Workload = Workload(), overhead_s: float = PER
     if not rtt_s >= 0:
         raise SpecError(f"rtt must be >= 0 seconds, got {rtt_s!r}")
     return workload.output_tokens * (rtt_s + overhead_s)
+
+
+def bloom_176b():
+    """The paper's simulated model (spec §5): BLOOM-176B, 70 blocks, NF4 1.32 GB, 0.11 GB cache per 2048 tokens."""
+    from petals_chain.model import GB, ModelSpec
+
+    return ModelSpec(70, 1.32 * GB, 0.11 * GB, name="bloom-176b")

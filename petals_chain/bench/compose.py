@@ -11,10 +11,10 @@ from petals_chain.compose.capacity import max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.gca import gca
 from petals_chain.compose.tuning import tune_c
-from petals_chain.model import GB, ModelSpec, ServerSpec
-from petals_chain.profile import PAPER_DEVICES, Workload, tau_c, tau_p
+from petals_chain.model import ServerSpec
+from petals_chain.profile import PAPER_DEVICES, Workload, bloom_176b, tau_c, tau_p
 
-BLOOM = ModelSpec(70, 1.32 * GB, 0.11 * GB, name="bloom-176b")
+BLOOM = bloom_176b()
 
 
 def bench_servers(J: int, eta: float, rng: np.random.Generator) -> list[ServerSpec]:
@@ -59,9 +59,9 @@ def run(argv: list[str] | None = None) -> int:
         servers = bench_servers(J, args.eta, rng)
         lam = args.rate_per_server * J
         placement = gbp_cr(servers, BLOOM, args.c, lam)
-        t_gbp = _best_of(lambda: gbp_cr(servers, BLOOM, args.c, lam), 3)
+        t_gbp = _best_of(lambda s=servers, lam=lam: gbp_cr(s, BLOOM, args.c, lam), 3)
         chains = gca(servers, BLOOM, placement)
-        t_gca = _best_of(lambda: gca(servers, BLOOM, placement), 3)
+        t_gca = _best_of(lambda s=servers, p=placement: gca(s, BLOOM, p), 3)
         t0 = time.perf_counter()
         tuning = tune_c(servers, BLOOM, lam)
         t_sweep = time.perf_counter() - t0

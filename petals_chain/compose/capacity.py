@@ -16,7 +16,7 @@ _FLOOR_SLACK = 1e-9
 
 def safe_floor(x: float) -> int:
     """floor(x) that forgives float error just below an integer."""
-    return int(math.floor(x + _FLOOR_SLACK))
+    return math.floor(x + _FLOOR_SLACK)
 
 
 def blocks_for_capacity(server: ServerSpec, model: ModelSpec, c: int) -> int:

@@ -49,8 +49,7 @@ def _gca_rounds(first, end, tau_c, tau_p, slots, num_blocks, out_servers, out_bl
             for g in range(starts[e], starts[e + 1]):
                 j = order[g]
                 lo = first[j]
-                if e - remaining[j] > lo:
-                    lo = e - remaining[j]  # edge needs M_j >= m_ij = e - p
+                lo = max(lo, e - remaining[j])  # edge needs M_j >= m_ij = e - p
                 for p in range(lo, e):
                     if dist[p] == np.inf:
                         continue

@@ -75,7 +75,7 @@ def plt():
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
+    from matplotlib import pyplot
 
     pyplot.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
                             "legend.fontsize": 9})
