@@ -1,0 +1,424 @@
+"""numba kernels: the simulator's fast path, event for event the same as the general engine.
+
+Two kernels: one for central-queue policies (JFFC, JFFC with migration) and one
+for per-chain FCFS policies (JSQ, SA-JSQ, SED, JIQ). Departures live in a binary
+heap keyed by (time, sequence number), arrivals are read in order, and a
+departure at the same instant as an arrival is processed first, exactly as in
+:func:`petals_chain.sim.engine.run_general`. Without numba the functions are
+plain Python (correct but slow); the engine then prefers the general engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only where numba is missing
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):  # type: ignore[no-redef]
+        """Stand-in decorator: return the function unchanged."""
+        if args and callable(args[0]):
+            return args[0]
+        return lambda fn: fn
+
+
+POLICY_CODES = {"JSQ": 1, "SA-JSQ": 2, "SED": 3, "JIQ": 4}
+
+
+@njit(cache=True)
+def _heap_push(ht, hp, size, t, seq, job, chain):
+    """Push (t, seq, job, chain) onto the departure heap of ``size`` entries; return the new size."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        pt = ht[parent]
+        if pt < t or (pt == t and hp[parent, 0] < seq):
+            break
+        ht[pos] = pt
+        hp[pos, 0] = hp[parent, 0]
+        hp[pos, 1] = hp[parent, 1]
+        hp[pos, 2] = hp[parent, 2]
+        pos = parent
+    ht[pos] = t
+    hp[pos, 0] = seq
+    hp[pos, 1] = job
+    hp[pos, 2] = chain
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(ht, hp, size):
+    """Remove the root of the departure heap (read it first); return the new size."""
+    size -= 1
+    if size == 0:
+        return 0
+    t = ht[size]
+    s = hp[size, 0]
+    j = hp[size, 1]
+    k = hp[size, 2]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and (ht[right] < ht[child] or (ht[right] == ht[child] and hp[right, 0] < hp[child, 0])):
+            child = right
+        if ht[child] < t or (ht[child] == t and hp[child, 0] < s):
+            ht[pos] = ht[child]
+            hp[pos, 0] = hp[child, 0]
+            hp[pos, 1] = hp[child, 1]
+            hp[pos, 2] = hp[child, 2]
+            pos = child
+        else:
+            break
+    ht[pos] = t
+    hp[pos, 0] = s
+    hp[pos, 1] = j
+    hp[pos, 2] = k
+    return size
+
+
+@njit(cache=True)
+def _grow(ht, hp):
+    """Double the departure heap's storage."""
+    n = ht.shape[0]
+    ht2 = np.empty(2 * n, np.float64)
+    hp2 = np.empty((2 * n, 3), np.int64)
+    ht2[:n] = ht
+    hp2[:n] = hp
+    return ht2, hp2
+
+
+@njit(cache=True)
+def _iheap_push(a, size, v):
+    """Push int ``v`` onto the min-heap ``a[:size]``; return the new size."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if a[parent] <= v:
+            break
+        a[pos] = a[parent]
+        pos = parent
+    a[pos] = v
+    return size + 1
+
+
+@njit(cache=True)
+def _iheap_pop(a, size):
+    """Remove the minimum of the int min-heap ``a[:size]``; return the new size."""
+    size -= 1
+    v = a[size]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and a[child + 1] < a[child]:
+            child += 1
+        if a[child] < v:
+            a[pos] = a[child]
+            pos = child
+        else:
+            break
+    if size > 0:
+        a[pos] = v
+    return size
+
+
+@njit(cache=True)
+def central_kernel(arrival, size, svc, use_svc, rates, caps, by_rank, migrate, warm):
+    """JFFC (``migrate`` False) or JFFC with migration over one workload.
+
+    Returns (start, end, chain, migrations, area_total, area_at_warm) where the
+    areas are ∫N(t)dt up to the last event and up to the arrival of job ``warm``.
+    """
+    n = arrival.shape[0]
+    nk = rates.shape[0]
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    chain = np.full(n, -1, np.int64)
+    nmig = np.zeros(n, np.int64)
+    rem = size.copy()
+    seg = np.zeros(n)
+    cur = np.full(n, -1, np.int64)
+    busy = np.zeros(nk, np.int64)
+    rank_of = np.empty(nk, np.int64)
+    for r in range(nk):
+        rank_of[by_rank[r]] = r
+    free = np.arange(nk).astype(np.int64)
+    fsize = nk
+    queue = np.empty(n, np.int64)
+    qh = 0
+    qt = 0
+    nxt = np.full(n, -1, np.int64)
+    prv = np.full(n, -1, np.int64)
+    lh = np.full(nk, -1, np.int64)
+    lt = np.full(nk, -1, np.int64)
+    hcap = int(caps.sum()) + 16
+    ht = np.empty(hcap, np.float64)
+    hp = np.empty((hcap, 3), np.int64)
+    hs = 0
+    seq = 0
+    i = 0
+    in_sys = 0
+    area = 0.0
+    area_w = 0.0
+    t_last = 0.0
+    while i < n or hs > 0:
+        if hs > 0 and (i >= n or ht[0] <= arrival[i]):
+            t = ht[0]
+            s0 = hp[0, 0]
+            j = hp[0, 1]
+            k = hp[0, 2]
+            hs = _heap_pop(ht, hp, hs)
+            if s0 != cur[j]:
+                continue  # stale: the job migrated after this departure was scheduled
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys -= 1
+            end[j] = t
+            if migrate:  # unlink j from chain k's resident list
+                if prv[j] >= 0:
+                    nxt[prv[j]] = nxt[j]
+                else:
+                    lh[k] = nxt[j]
+                if nxt[j] >= 0:
+                    prv[nxt[j]] = prv[j]
+                else:
+                    lt[k] = prv[j]
+            if qt > qh:
+                nj = queue[qh]
+                qh += 1
+                start[nj] = t
+                chain[nj] = k
+                seg[nj] = t
+                dur = svc[nj, k] if use_svc else size[nj] / rates[k]
+                if hs == ht.shape[0]:
+                    ht, hp = _grow(ht, hp)
+                hs = _heap_push(ht, hp, hs, t + dur, seq, nj, k)
+                cur[nj] = seq
+                seq += 1
+                if migrate:
+                    prv[nj] = lt[k]
+                    nxt[nj] = -1
+                    if lt[k] >= 0:
+                        nxt[lt[k]] = nj
+                    else:
+                        lh[k] = nj
+                    lt[k] = nj
+            elif not migrate:
+                if busy[k] == caps[k]:
+                    fsize = _iheap_push(free, fsize, rank_of[k])
+                busy[k] -= 1
+            else:
+                busy[k] -= 1
+                s = -1
+                for r in range(nk - 1, -1, -1):
+                    if busy[by_rank[r]] > 0:
+                        s = by_rank[r]
+                        break
+                if s >= 0 and rates[s] < rates[k]:
+                    m = lh[s]
+                    lh[s] = nxt[m]
+                    if nxt[m] >= 0:
+                        prv[nxt[m]] = -1
+                    else:
+                        lt[s] = -1
+                    busy[s] -= 1
+                    prv[m] = lt[k]
+                    nxt[m] = -1
+                    if lt[k] >= 0:
+                        nxt[lt[k]] = m
+                    else:
+                        lh[k] = m
+                    lt[k] = m
+                    busy[k] += 1
+                    left = rem[m] - (t - seg[m]) * rates[s]
+                    left = max(left, 0.0)
+                    rem[m] = left
+                    seg[m] = t
+                    nmig[m] += 1
+                    chain[m] = k
+                    if hs == ht.shape[0]:
+                        ht, hp = _grow(ht, hp)
+                    hs = _heap_push(ht, hp, hs, t + left / rates[k], seq, m, k)
+                    cur[m] = seq
+                    seq += 1
+        else:
+            t = arrival[i]
+            j = i
+            i += 1
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys += 1
+            if j == warm:
+                area_w = area
+            k = -1
+            if not migrate:
+                if fsize > 0:
+                    k = by_rank[free[0]]
+                    busy[k] += 1
+                    if busy[k] == caps[k]:
+                        fsize = _iheap_pop(free, fsize)
+            else:
+                for r in range(nk):
+                    c = by_rank[r]
+                    if busy[c] < caps[c]:
+                        k = c
+                        busy[c] += 1
+                        break
+            if k < 0:
+                queue[qt] = j
+                qt += 1
+            else:
+                start[j] = t
+                chain[j] = k
+                seg[j] = t
+                dur = svc[j, k] if use_svc else size[j] / rates[k]
+                if hs == ht.shape[0]:
+                    ht, hp = _grow(ht, hp)
+                hs = _heap_push(ht, hp, hs, t + dur, seq, j, k)
+                cur[j] = seq
+                seq += 1
+                if migrate:
+                    prv[j] = lt[k]
+                    nxt[j] = -1
+                    if lt[k] >= 0:
+                        nxt[lt[k]] = j
+                    else:
+                        lh[k] = j
+                    lt[k] = j
+    return start, end, chain, nmig, area, area_w
+
+
+@njit(cache=True)
+def _pick(ties, count, u):
+    """ties[⌊u·count⌋], clamped: the same uniform tie-break as dispatch.per_chain.pick."""
+    idx = int(u * count)
+    idx = min(idx, count - 1)
+    return ties[idx]
+
+
+@njit(cache=True)
+def per_chain_kernel(arrival, size, svc, use_svc, rates, caps, code, u, warm):
+    """JSQ (1), SA-JSQ (2), SED (3) or JIQ (4) with per-chain FCFS queues; ``u`` holds one uniform per job.
+
+    Returns the same tuple as :func:`central_kernel` (migrations all zero).
+    """
+    n = arrival.shape[0]
+    nk = rates.shape[0]
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    chain = np.full(n, -1, np.int64)
+    nmig = np.zeros(n, np.int64)
+    busy = np.zeros(nk, np.int64)
+    qlen = np.zeros(nk, np.int64)
+    qhead = np.full(nk, -1, np.int64)
+    qtail = np.full(nk, -1, np.int64)
+    qnext = np.full(n, -1, np.int64)
+    ties = np.empty(nk, np.int64)
+    ties2 = np.empty(nk, np.int64)
+    hcap = int(caps.sum()) + 16
+    ht = np.empty(hcap, np.float64)
+    hp = np.empty((hcap, 3), np.int64)
+    hs = 0
+    seq = 0
+    i = 0
+    in_sys = 0
+    area = 0.0
+    area_w = 0.0
+    t_last = 0.0
+    while i < n or hs > 0:
+        if hs > 0 and (i >= n or ht[0] <= arrival[i]):
+            t = ht[0]
+            j = hp[0, 1]
+            k = hp[0, 2]
+            hs = _heap_pop(ht, hp, hs)
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys -= 1
+            end[j] = t
+            if qlen[k] > 0:
+                nj = qhead[k]
+                qhead[k] = qnext[nj]
+                qlen[k] -= 1
+                if qlen[k] == 0:
+                    qtail[k] = -1
+                start[nj] = t
+                chain[nj] = k
+                dur = svc[nj, k] if use_svc else size[nj] / rates[k]
+                if hs == ht.shape[0]:
+                    ht, hp = _grow(ht, hp)
+                hs = _heap_push(ht, hp, hs, t + dur, seq, nj, k)
+                seq += 1
+            else:
+                busy[k] -= 1
+        else:
+            t = arrival[i]
+            j = i
+            i += 1
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys += 1
+            if j == warm:
+                area_w = area
+            count = 0
+            if code == 4:  # JIQ
+                for c in range(nk):
+                    if busy[c] < caps[c]:
+                        ties[count] = c
+                        count += 1
+                if count > 0:
+                    k = _pick(ties, count, u[j])
+                else:
+                    idx = int(u[j] * nk)
+                    k = idx if idx < nk else nk - 1
+            else:
+                best = 0.0
+                for c in range(nk):
+                    z = busy[c] + qlen[c]
+                    if code == 3:
+                        key = 1.0 / rates[c] + max(z - caps[c] + 1, 0) / (rates[c] * caps[c])
+                    else:
+                        key = max(z - caps[c] + 1, 0) / caps[c]
+                    if count == 0 or key < best:
+                        best = key
+                        ties[0] = c
+                        count = 1
+                    elif key == best:
+                        ties[count] = c
+                        count += 1
+                if code == 2:  # SA-JSQ: keep only the fastest of the tied chains
+                    fastest = rates[ties[0]]
+                    for x in range(1, count):
+                        fastest = max(fastest, rates[ties[x]])
+                    c2 = 0
+                    for x in range(count):
+                        if rates[ties[x]] == fastest:
+                            ties2[c2] = ties[x]
+                            c2 += 1
+                    k = _pick(ties2, c2, u[j])
+                else:
+                    k = _pick(ties, count, u[j])
+            if busy[k] < caps[k]:
+                busy[k] += 1
+                start[j] = t
+                chain[j] = k
+                dur = svc[j, k] if use_svc else size[j] / rates[k]
+                if hs == ht.shape[0]:
+                    ht, hp = _grow(ht, hp)
+                hs = _heap_push(ht, hp, hs, t + dur, seq, j, k)
+                seq += 1
+            else:
+                if qlen[k] == 0:
+                    qhead[k] = j
+                else:
+                    qnext[qtail[k]] = j
+                qtail[k] = j
+                qlen[k] += 1
+    return start, end, chain, nmig, area, area_w

@@ -1,0 +1,218 @@
+"""Job streams for the simulator: Poisson arrivals with Exp(1) sizes, and Azure LLM trace replay.
+
+A job has a *size* in units of mean work: it takes ``size / μ_k`` seconds on
+chain k (the paper's model). Token-level traces become sizes through a service
+model, see :func:`token_sizes` and :class:`TokenServiceModel`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?$")
+
+
+class TraceError(ValueError):
+    """A trace file is malformed; the message names the file and the 1-based line."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Arrival times (s, non-decreasing) and job sizes (mean-1 work units); optional per-chain service times.
+
+    If ``service_s`` (shape n × K) is given it overrides ``size``: job i takes
+    ``service_s[i, k]`` seconds on chain k (token-aware replay; not memoryless,
+    so migration is refused).
+    """
+
+    arrival_s: np.ndarray
+    size: np.ndarray
+    service_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        arrival = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
+        size = np.ascontiguousarray(self.size, dtype=np.float64)
+        object.__setattr__(self, "arrival_s", arrival)
+        object.__setattr__(self, "size", size)
+        if arrival.ndim != 1 or size.shape != arrival.shape:
+            raise ValueError(f"workload: arrival_s {arrival.shape} and size {size.shape} must be equal-length 1-D")
+        if not np.all(np.isfinite(arrival)) or (arrival.size and arrival[0] < 0):
+            raise ValueError("workload: arrival_s must be finite and >= 0")
+        if np.any(np.diff(arrival) < 0):
+            bad = int(np.argmax(np.diff(arrival) < 0)) + 1
+            raise ValueError(f"workload: arrival_s not sorted at job {bad}")
+        if not np.all(np.isfinite(size)) or np.any(size <= 0):
+            raise ValueError("workload: size must be finite and > 0")
+        if self.service_s is not None:
+            svc = np.ascontiguousarray(self.service_s, dtype=np.float64)
+            object.__setattr__(self, "service_s", svc)
+            if svc.ndim != 2 or svc.shape[0] != arrival.size:
+                raise ValueError(f"workload: service_s must have shape (n_jobs, K), got {svc.shape}")
+            if not np.all(np.isfinite(svc)) or np.any(svc <= 0):
+                raise ValueError("workload: service_s must be finite and > 0")
+
+    @property
+    def n_jobs(self) -> int:
+        return int(self.arrival_s.size)
+
+    @property
+    def arrival_rate_per_s(self) -> float:
+        """Observed rate: jobs after the first per second of span."""
+        span = float(self.arrival_s[-1] - self.arrival_s[0]) if self.n_jobs > 1 else 0.0
+        return (self.n_jobs - 1) / span if span > 0 else float("nan")
+
+
+def poisson_workload(arrival_rate_per_s: float, n_jobs: int, rng: np.random.Generator) -> Workload:
+    """Poisson arrivals of rate λ from time 0 with i.i.d. Exp(1) sizes (inter-arrivals drawn first, then sizes)."""
+    if not arrival_rate_per_s > 0:
+        raise ValueError(f"poisson_workload: arrival_rate_per_s must be > 0, got {arrival_rate_per_s!r}")
+    if n_jobs < 1:
+        raise ValueError(f"poisson_workload: n_jobs must be >= 1, got {n_jobs!r}")
+    gaps = rng.exponential(1.0 / arrival_rate_per_s, n_jobs)
+    sizes = rng.exponential(1.0, n_jobs)
+    return Workload(np.cumsum(gaps), sizes)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A replayable request trace: arrival times (s from the first request) and token counts."""
+
+    arrival_s: np.ndarray
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    source: str = ""
+
+    @property
+    def n_jobs(self) -> int:
+        return int(self.arrival_s.size)
+
+
+def _parse_timestamp_ns(text: str, where: str) -> int:
+    """Exact integer nanoseconds (naive calendar time) of 'YYYY-MM-DD HH:MM:SS[.fffffff]'; TraceError if malformed."""
+    m = _TIMESTAMP.match(text)
+    if not m:
+        raise TraceError(f"{where}: malformed TIMESTAMP {text!r} (expected 'YYYY-MM-DD HH:MM:SS.fffffff')")
+    try:
+        base = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+    except ValueError as exc:
+        raise TraceError(f"{where}: malformed TIMESTAMP {text!r} ({exc})") from None
+    frac = (m.group(2) or "").ljust(9, "0")
+    whole_s = base.toordinal() * 86400 + base.hour * 3600 + base.minute * 60 + base.second
+    return whole_s * 1_000_000_000 + int(frac)
+
+
+def _parse_tokens(text: str, column: str, where: str) -> int:
+    """A non-negative integer token count; TraceError naming the column otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise TraceError(f"{where}: {column} {text!r} is not an integer") from None
+    if value < 0:
+        raise TraceError(f"{where}: {column} is negative ({value})")
+    return value
+
+
+def read_azure_trace(path: str | Path, *, time_scale: float = 1.0, first_n: int | None = None) -> Trace:
+    """Read an Azure LLM 2023 trace (``TIMESTAMP,ContextTokens,GeneratedTokens``), validating every line.
+
+    Arrivals are seconds from the first request, multiplied by ``time_scale``
+    (0.5 replays twice as fast). ``first_n`` keeps the first N requests (only
+    those lines are read). Raises :class:`TraceError` naming the 1-based line
+    for missing columns, malformed or decreasing timestamps, and bad token counts.
+    """
+    path = Path(path)
+    if not time_scale > 0:
+        raise ValueError(f"read_azure_trace: time_scale must be > 0, got {time_scale!r}")
+    if first_n is not None and first_n < 1:
+        raise ValueError(f"read_azure_trace: first_n must be >= 1, got {first_n!r}")
+    times: list[int] = []
+    ins: list[int] = []
+    outs: list[int] = []
+    with path.open("r", newline="", encoding="utf-8") as fh:
+        header = fh.readline().rstrip("\r\n").split(",")
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        if missing:
+            raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)} (got {','.join(header)!r})")
+        idx = [header.index(c) for c in TRACE_COLUMNS]
+        for lineno, raw in enumerate(fh, start=2):
+            line = raw.rstrip("\r\n")
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            fields = line.split(",")
+            if len(fields) != len(header):
+                raise TraceError(f"{where}: expected {len(header)} columns ({','.join(header)}), got {len(fields)}")
+            t = _parse_timestamp_ns(fields[idx[0]].strip(), where)
+            if times and t < times[-1]:
+                raise TraceError(f"{where}: TIMESTAMP goes backwards (earlier than line {lineno - 1}); trace unsorted")
+            times.append(t)
+            ins.append(_parse_tokens(fields[idx[1]].strip(), "ContextTokens", where))
+            outs.append(_parse_tokens(fields[idx[2]].strip(), "GeneratedTokens", where))
+            if first_n is not None and len(times) >= first_n:
+                break
+    if not times:
+        raise TraceError(f"{path}: no requests after the header")
+    since_first_s = np.asarray([t - times[0] for t in times], dtype=np.float64) * 1e-9
+    return Trace(since_first_s * time_scale, np.asarray(ins, dtype=np.int64), np.asarray(outs, dtype=np.int64),
+                 source=str(path))
+
+
+def per_block_time_s(input_tokens: np.ndarray | float, output_tokens: np.ndarray | float, *, t_o_s: float,
+                     t_in_s: float, t_out_s: float) -> np.ndarray:
+    """The paper's per-block time τp = t_o + t_in·l_in + t_out·(l_out - 1) for given token counts (vectorised)."""
+    l_out = np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0)
+    return t_o_s + t_in_s * np.asarray(input_tokens, dtype=np.float64) + t_out_s * (l_out - 1.0)
+
+
+def token_sizes(trace: Trace, *, t_o_s: float = 1e-3, t_in_s: float = 5e9 / 120e12,
+                t_out_s: float = 1.32e9 / 1.02e12) -> np.ndarray:
+    """Chain-independent sizes: a job's τp(l_in, l_out) divided by the trace mean, so sizes have mean 1.
+
+    This keeps the paper's model (time = size / μ_k, μ_k built for the mean job)
+    and scales each job by how much prefill/decode work it carries relative to
+    the average; the default t_* are the high GPU kind's (spec §5). Use
+    :class:`TokenServiceModel` when chains differ in their prefill/decode mix.
+    """
+    work = per_block_time_s(trace.input_tokens, trace.output_tokens, t_o_s=t_o_s, t_in_s=t_in_s, t_out_s=t_out_s)
+    return work / work.mean()
+
+
+@dataclass(frozen=True)
+class TokenServiceModel:
+    """Per-chain linear service time T_k(l_in, l_out) = fixed_k + per_input_k·l_in + per_output_k·(l_out - 1).
+
+    For a chain whose hops j process m_j blocks with RTT r_j to the orchestrator:
+    fixed_k = Σ_j (overhead + r_j + m_j t_o), per_input_k = Σ_j m_j t_in_j,
+    per_output_k = Σ_j (r_j + m_j t_out_j): one round trip for the prefill and one
+    per decode step, as in spec §1.
+    """
+
+    fixed_s: np.ndarray
+    per_input_token_s: np.ndarray
+    per_output_token_s: np.ndarray
+
+    def service_times_s(self, trace: Trace) -> np.ndarray:
+        """Service time of every job of ``trace`` on every chain, shape (n_jobs, K)."""
+        l_in = trace.input_tokens.astype(np.float64)[:, None]
+        l_out = np.maximum(trace.output_tokens.astype(np.float64), 1.0)[:, None]
+        return (np.asarray(self.fixed_s)[None, :] + np.asarray(self.per_input_token_s)[None, :] * l_in
+                + np.asarray(self.per_output_token_s)[None, :] * (l_out - 1.0))
+
+    @property
+    def num_chains(self) -> int:
+        return int(np.asarray(self.fixed_s).size)
+
+
+def trace_workload(trace: Trace, sizes: np.ndarray | None = None,
+                   service_model: TokenServiceModel | None = None) -> Workload:
+    """A workload from a trace: with ``service_model`` per-chain token-aware times, else ``sizes`` (default 1)."""
+    n = trace.n_jobs
+    size = np.ones(n) if sizes is None else np.asarray(sizes, dtype=np.float64)
+    svc = service_model.service_times_s(trace) if service_model is not None else None
+    return Workload(trace.arrival_s, size, svc)
