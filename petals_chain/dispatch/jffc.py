@@ -57,6 +57,17 @@ class JFFC:
             return False
         return True
 
+    def occupy(self, chain: int) -> bool:
+        """Take one slot of ``chain`` for a job already in service elsewhere (a lease carried over
+        from an earlier composition); False, taking nothing, if the chain is full."""
+        if self._busy[chain] >= self.capacities[chain]:
+            return False
+        self._busy[chain] += 1
+        if self._busy[chain] == self.capacities[chain]:
+            self._free.remove(self._rank[chain])
+            heapq.heapify(self._free)
+        return True
+
     def queue_length(self) -> int:
         return len(self._queue)
 

@@ -1,0 +1,139 @@
+"""``python -m petals_chain.orchestrator``: run the chain orchestrator's HTTP/JSON API.
+
+The model comes from ``--cluster FILE`` (which also lists planned servers and the
+load) or from ``--model-blocks/--block-bytes/--cache-bytes``; servers then
+register over HTTP and the composition follows them. Bad arguments print one
+line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from petals_chain.model import ModelSpec, SpecError
+from petals_chain.swarm.registry import MAX_MEMORY_BYTES, Registry
+
+TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (SI units: bytes, seconds, requests per second)."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
+    m = p.add_argument_group("model and load (or --cluster)")
+    m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
+    m.add_argument("--model-blocks", type=int, help="L, the number of transformer blocks")
+    m.add_argument("--block-bytes", type=float, help="s_m, bytes of parameters per block")
+    m.add_argument("--cache-bytes", type=float, help="s_c, bytes of KV cache per block per job")
+    m.add_argument("--model-name", default="model")
+    m.add_argument("--arrival-rate", type=float, help="λ the composition is sized for, requests/s (default 0.2)")
+    m.add_argument("--target-load", type=float, help="ρ̄, target utilisation (default 0.7)")
+    m.add_argument("--c", type=int, default=None, help="fixed reserved concurrency c (default: tuned)")
+    m.add_argument("--tune", default="lower", choices=("lower", "upper", "surrogate"),
+                   help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
+    s = p.add_argument_group("service")
+    s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    s.add_argument("--port", type=int, default=8700, help="listen port (0 picks a free one)")
+    s.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV}); /health stays open")
+    s.add_argument("--lease-ttl-s", type=float, default=60.0, help="a lease not renewed for this long expires")
+    s.add_argument("--heartbeat-timeout-s", type=float, default=30.0,
+                   help="a registered server silent this long is marked dead (0 disables)")
+    s.add_argument("--max-memory-bytes", type=float, default=MAX_MEMORY_BYTES,
+                   help="memory budgets above this are rejected as absurd")
+    s.add_argument("--max-waiting", type=int, default=100_000, help="most lease requests allowed to wait at once")
+    d = p.add_argument_group("DHT (pending: accepted, not wired until the PETALS integration lands)")
+    d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join (pending)")
+    d.add_argument("--start-dht", action="store_true", help="start a DHT node here (pending)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_registry(args: argparse.Namespace) -> tuple[Registry, list]:
+    """The registry for the model and load the arguments describe, and the planned servers."""
+    planned: list = []
+    if args.cluster:
+        from petals_chain.compose.cluster import load_cluster
+
+        cluster = load_cluster(args.cluster)
+        model = cluster.model
+        if args.model_blocks is not None and args.model_blocks != model.num_blocks:
+            raise SpecError(
+                f"--model-blocks {args.model_blocks} contradicts {args.cluster}: model has {model.num_blocks} blocks"
+            )
+        arrival = args.arrival_rate if args.arrival_rate is not None else cluster.load.arrival_rate
+        target = args.target_load if args.target_load is not None else cluster.load.target_load
+        planned = list(cluster.servers)
+    else:
+        missing = [f for f in ("model_blocks", "block_bytes", "cache_bytes") if getattr(args, f) is None]
+        if missing:
+            flags = ", ".join("--" + f.replace("_", "-") for f in missing)
+            raise SpecError(f"give --cluster FILE, or the model: missing {flags}")
+        model = ModelSpec(args.model_blocks, args.block_bytes, args.cache_bytes, args.model_name)
+        arrival = args.arrival_rate if args.arrival_rate is not None else 0.2
+        target = args.target_load if args.target_load is not None else 0.7
+    registry = Registry(
+        model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune,
+        max_memory_bytes=args.max_memory_bytes,
+    )
+    if planned:
+        registry.add_planned(planned)
+    return registry, planned
+
+
+async def _run(args: argparse.Namespace) -> None:
+    """Build the orchestrator, compose for the planned servers, and serve until a signal."""
+    from petals_chain.swarm.orchestrator_app import Orchestrator, build_app, serve
+
+    registry, planned = build_registry(args)
+    for name in ("lease_ttl_s", "heartbeat_timeout_s"):
+        if getattr(args, name) < 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    orch = Orchestrator(
+        registry,
+        lease_ttl_s=args.lease_ttl_s,
+        heartbeat_timeout_s=args.heartbeat_timeout_s or None,
+        max_waiting=args.max_waiting,
+    )
+    if planned:
+        orch.recompose_now()
+        if registry.composition is None:
+            print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.host not in LOOPBACK and token is None:
+        print(f"warning: listening on {args.host} without a token; anyone who reaches it can lease and "
+              "deregister", file=sys.stderr)
+    if args.initial_peers or args.start_dht:
+        print("note: --initial-peers/--start-dht are accepted but the DHT is not wired yet (pending the PETALS "
+              "integration); servers must register over HTTP", file=sys.stderr)
+
+    def ready(host: str, port: int) -> None:
+        """Print the address once listening (scripts wait for this line)."""
+        h = orch.health()
+        print(f"orchestrator listening on http://{host}:{port} (model {registry.model.name!r}, "
+              f"{registry.model.num_blocks} blocks; composition v{h['version']}: {h['chains']} chains, "
+              f"capacity {h['capacity']})", flush=True)
+
+    await serve(build_app(orch, token=token), args.host, args.port, on_ready=ready)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run until SIGINT/SIGTERM; one line and exit code 2 on bad input."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_run(args))
+    except (SpecError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

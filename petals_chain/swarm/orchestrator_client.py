@@ -1,0 +1,212 @@
+"""An async client of the orchestrator's HTTP API, for the PETALS client and server subclasses.
+
+``lease()`` long-polls until JFFC grants a chain; ``leased()`` wraps lease →
+renew in the background → release, so a caller cannot forget to give a slot back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Self
+
+import aiohttp
+
+
+class OrchestratorError(RuntimeError):
+    """The orchestrator answered with an error status; ``status`` and ``message`` say which."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"orchestrator answered {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Span:
+    """One hop: PETALS blocks start:end (0-indexed, end exclusive) on a server."""
+
+    server: str
+    peer_id: str | None
+    address: str | None
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A granted lease: its id, chain, composition version, spans and timing."""
+
+    lease_id: str
+    chain_id: str
+    version: int
+    spans: tuple[Span, ...]
+    ttl_s: float
+    waited_s: float
+    replaces: str | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LeaseInfo:
+        """Parse the API's lease object."""
+        spans = tuple(Span(s["server"], s.get("peer_id"), s.get("address"), s["start"], s["end"]) for s in d["spans"])
+        return cls(d["lease_id"], d["chain_id"], d["version"], spans, d["ttl_s"], d["waited_s"], d.get("replaces"))
+
+
+@dataclass(frozen=True)
+class AssignmentInfo:
+    """The blocks the orchestrator wants a server to hold, and the composition version."""
+
+    server: str
+    start: int
+    end: int
+    version: int
+
+    @classmethod
+    def from_reply(cls, d: dict[str, Any]) -> AssignmentInfo | None:
+        """Parse the 'assignment' part of a server reply (None before the first composition)."""
+        a = d.get("assignment")
+        return None if a is None else cls(a["server"], a["start"], a["end"], a["version"])
+
+
+class OrchestratorClient:
+    """Talks to one orchestrator; use as ``async with OrchestratorClient(url) as oc: ...``."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, session: aiohttp.ClientSession | None = None,
+                 request_timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.request_timeout_s = request_timeout_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._own_session = session is None
+
+    async def __aenter__(self) -> Self:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session if this client opened it."""
+        if self._own_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    timeout_s: float | None = None) -> Any:
+        """One request; JSON reply on 2xx, OrchestratorError otherwise."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+            self._own_session = True
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
+        async with self._session.request(method, self.base_url + path, json=body, headers=self._headers,
+                                         timeout=timeout) as resp:
+            if resp.content_type == "application/json":
+                data = await resp.json()
+            else:
+                data = await resp.text()
+            if resp.status >= 400:
+                message = data.get("error", str(data)) if isinstance(data, dict) else str(data)
+                raise OrchestratorError(resp.status, message)
+            return data
+
+    # ---- leases ---------------------------------------------------------------------------------
+
+    async def lease(self, *, timeout_s: float = 600.0, ttl_s: float | None = None,
+                    client: str | None = None) -> LeaseInfo:
+        """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up."""
+        body: dict[str, Any] = {"timeout_s": timeout_s}
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        if client is not None:
+            body["client"] = client
+        return LeaseInfo.from_json(await self._call("POST", "/lease", body, timeout_s + 30.0))
+
+    async def renew(self, lease_id: str, ttl_s: float | None = None) -> LeaseInfo:
+        """Keep a lease alive for another TTL."""
+        body = {"ttl_s": ttl_s} if ttl_s is not None else None
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/renew", body))
+
+    async def release(self, lease_id: str) -> dict[str, Any]:
+        """Give the slot back (the next waiting request gets it)."""
+        return await self._call("POST", f"/lease/{lease_id}/release")
+
+    async def report_failure(self, lease_id: str, server: str, *, timeout_s: float = 600.0) -> LeaseInfo:
+        """Tell the orchestrator ``server`` failed under this lease; returns the replacement lease."""
+        body = {"server": server, "timeout_s": timeout_s}
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/report-failure", body, timeout_s + 30))
+
+    @contextlib.asynccontextmanager
+    async def leased(self, *, timeout_s: float = 600.0, ttl_s: float = 60.0,
+                     client: str | None = None) -> AsyncIterator[LeaseInfo]:
+        """Hold a lease for the body of an ``async with``: renewed every ttl_s/3, released at exit."""
+        info = await self.lease(timeout_s=timeout_s, ttl_s=ttl_s, client=client)
+
+        async def keep_alive() -> None:
+            """Renew until cancelled."""
+            while True:
+                await asyncio.sleep(ttl_s / 3)
+                await self.renew(info.lease_id)
+
+        task = asyncio.create_task(keep_alive())
+        try:
+            yield info
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OrchestratorError, aiohttp.ClientError):
+                await task
+            with contextlib.suppress(OrchestratorError):  # already expired or replaced: nothing to give back
+                await self.release(info.lease_id)
+
+    # ---- servers --------------------------------------------------------------------------------
+
+    async def register(self, name: str, *, memory_bytes: float, tau_p_s: float, tau_c_s: float,
+                       peer_id: str | None = None, address: str | None = None) -> AssignmentInfo | None:
+        """Register a server with its memory budget and measured times; returns its assignment."""
+        body: dict[str, Any] = {"name": name, "memory_bytes": memory_bytes, "tau_p_s": tau_p_s, "tau_c_s": tau_c_s}
+        if peer_id is not None:
+            body["peer_id"] = peer_id
+        if address is not None:
+            body["address"] = address
+        return AssignmentInfo.from_reply(await self._call("POST", "/servers/register", body))
+
+    async def heartbeat(self, name: str, *, serving: tuple[int, int] | None = None, tau_p_s: float | None = None,
+                        tau_c_s: float | None = None) -> AssignmentInfo | None:
+        """Report liveness (and the span served now); returns the current assignment."""
+        body: dict[str, Any] = {"name": name}
+        if serving is not None:
+            body["serving"] = list(serving)
+        if tau_p_s is not None:
+            body["tau_p_s"] = tau_p_s
+        if tau_c_s is not None:
+            body["tau_c_s"] = tau_c_s
+        return AssignmentInfo.from_reply(await self._call("POST", "/servers/heartbeat", body))
+
+    async def assignment(self, name: str) -> AssignmentInfo | None:
+        """The blocks the orchestrator wants ``name`` to hold."""
+        return AssignmentInfo.from_reply(await self._call("GET", f"/servers/{name}/assignment"))
+
+    # ---- views ----------------------------------------------------------------------------------
+
+    async def health(self) -> dict[str, Any]:
+        """Liveness and a summary of composition and load."""
+        return await self._call("GET", "/health")
+
+    async def chains(self) -> dict[str, Any]:
+        """The offered chains with capacity and occupancy."""
+        return await self._call("GET", "/chains")
+
+    async def servers(self) -> dict[str, Any]:
+        """Every registry record (alive or dead) and the composition version."""
+        return await self._call("GET", "/servers")
+
+    async def queue(self) -> dict[str, Any]:
+        """Length and head of the central queue."""
+        return await self._call("GET", "/queue")
+
+    async def metrics(self) -> str:
+        """The Prometheus text."""
+        return await self._call("GET", "/metrics")

@@ -1,0 +1,434 @@
+"""The orchestrator's registry of live servers and the composition it computed for them.
+
+Servers register with their memory budget and measured times (τp per block, τc
+from the RTT); every change to the set of live servers is a new composition
+(tune c → GBP-CR → GCA) with a new version number, from which each server's
+blocks are derived as a 0-indexed half-open PETALS span ``start:end``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError
+
+# A single machine with more than this much accelerator memory is a typo (1 PB default).
+MAX_MEMORY_BYTES = 1e15
+# A per-block time or communication time above an hour is not a measurement, it is a bug.
+MAX_TIME_S = 3600.0
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+ComposeFn = Callable[..., Composition]
+
+
+class RegistryError(SpecError):
+    """A registration or heartbeat is invalid; the message names the field and what would be right."""
+
+
+class UnknownServerError(KeyError):
+    """A request names a server that never registered."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown server"
+
+
+class ClaimError(ValueError):
+    """A server claims to serve blocks the orchestrator did not give it."""
+
+
+class ServerDeadError(ValueError):
+    """A heartbeat from a server the orchestrator has marked dead; it must register again."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The blocks one server must hold: PETALS span ``start:end`` (0-indexed, end exclusive)."""
+
+    server: str
+    start: int
+    end: int
+    version: int
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks held (0: none)."""
+        return self.end - self.start
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the HTTP API."""
+        return {
+            "server": self.server,
+            "start": self.start,
+            "end": self.end,
+            "num_blocks": self.num_blocks,
+            "version": self.version,
+        }
+
+
+@dataclass
+class ServerRecord:
+    """What the orchestrator knows about one server."""
+
+    name: str
+    memory_bytes: float
+    tau_p_s: float
+    tau_c_s: float
+    peer_id: str | None = None
+    address: str | None = None
+    last_heartbeat_s: float | None = None  # None: planned (from a cluster file), never expires
+    alive: bool = True
+    dead_reason: str = ""
+    assignment: Assignment | None = None
+    previous_assignment: Assignment | None = None
+    serving: tuple[int, int] | None = None
+
+    def spec(self) -> ServerSpec:
+        """The ServerSpec the composition algorithms see."""
+        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the HTTP API."""
+        return {
+            "name": self.name,
+            "peer_id": self.peer_id,
+            "address": self.address,
+            "memory_bytes": self.memory_bytes,
+            "tau_p_s": self.tau_p_s,
+            "tau_c_s": self.tau_c_s,
+            "alive": self.alive,
+            "dead_reason": self.dead_reason or None,
+            "assignment": self.assignment.to_json() if self.assignment else None,
+            "serving": list(self.serving) if self.serving else None,
+        }
+
+
+def check_name(value: Any, field_name: str = "name") -> str:
+    """A server name: 1-128 characters of [A-Za-z0-9._:-], usable in URLs and metric labels."""
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise RegistryError(
+            f"field '{field_name}' must be 1-128 characters of letters, digits, '.', '_', ':' or '-' "
+            f"(starting with a letter or digit), got {value!r}"
+        )
+    return value
+
+
+def check_number(value: Any, field_name: str, *, low: float, high: float, allow_low: bool) -> float:
+    """A finite real number in (low, high] or [low, high]; the error names the field and the range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RegistryError(f"field '{field_name}' must be a finite number, got {value!r}")
+    too_low = value < low if allow_low else value <= low
+    if too_low or value > high:
+        bracket = "[" if allow_low else "("
+        raise RegistryError(f"field '{field_name}' must be in {bracket}{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _optional_str(value: Any, field_name: str, max_len: int = 512) -> str | None:
+    """None, or a non-empty string of at most max_len characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > max_len:
+        raise RegistryError(f"field '{field_name}' must be a non-empty string of at most {max_len} characters")
+    return value
+
+
+def _default_compose() -> ComposeFn:
+    """The lead's pipeline (tune c → GBP-CR → GCA), imported late so the registry loads without it."""
+    from petals_chain.compose.tuning import compose
+
+    return compose
+
+
+class Registry:
+    """Live servers, the current composition, its version and each server's assignment."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        *,
+        arrival_rate: float,
+        target_load: float = 0.7,
+        c: int | None = None,
+        tune: str = "lower",
+        max_memory_bytes: float = MAX_MEMORY_BYTES,
+        compose_fn: ComposeFn | None = None,
+    ) -> None:
+        self.model = model
+        self.arrival_rate = check_number(arrival_rate, "arrival_rate", low=0.0, high=1e9, allow_low=False)
+        self.target_load = check_number(target_load, "target_load", low=0.0, high=1.0, allow_low=False)
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise RegistryError(f"field 'c' must be an integer >= 1 or None (tuned), got {c!r}")
+        self.c = c
+        self.tune = tune
+        self.max_memory_bytes = max_memory_bytes
+        self._compose_fn = compose_fn
+        self.servers: dict[str, ServerRecord] = {}
+        self.composition: Composition | None = None
+        self.version = 0
+        self.error: str | None = None  # why the last recomposition gave no composition
+        self.generation = 0  # bumps on every change that calls for a recomposition
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def check_memory(self, memory_bytes: Any) -> float:
+        """Memory budget in bytes: finite, enough for one block plus one cache slot, not absurd."""
+        need = self.model.block_bytes + self.model.cache_bytes
+        value = check_number(memory_bytes, "memory_bytes", low=0.0, high=self.max_memory_bytes, allow_low=False)
+        if value < need:
+            raise RegistryError(
+                f"field 'memory_bytes' = {value:g} cannot hold one block ({self.model.block_bytes:g} B) plus one "
+                f"cache slot ({self.model.cache_bytes:g} B); it must be >= {need:g}"
+            )
+        return value
+
+    # ---- membership ---------------------------------------------------------------------------
+
+    def register(
+        self,
+        name: Any,
+        memory_bytes: Any,
+        tau_p_s: Any,
+        tau_c_s: Any,
+        *,
+        now_s: float,
+        peer_id: Any = None,
+        address: Any = None,
+    ) -> tuple[ServerRecord, bool]:
+        """Add or refresh a server; return (record, whether the composition must be recomputed).
+
+        Everything is validated before anything changes, so a bad registration leaves the
+        registry exactly as it was.
+        """
+        name = check_name(name)
+        memory = self.check_memory(memory_bytes)
+        tp = check_number(tau_p_s, "tau_p_s", low=0.0, high=MAX_TIME_S, allow_low=False)
+        tc = check_number(tau_c_s, "tau_c_s", low=0.0, high=MAX_TIME_S, allow_low=True)
+        peer = _optional_str(peer_id, "peer_id")
+        addr = _optional_str(address, "address")
+        rec = self.servers.get(name)
+        if rec is None:
+            rec = ServerRecord(name, memory, tp, tc, peer, addr, now_s)
+            self.servers[name] = rec
+            changed = True
+        else:
+            changed = (
+                not rec.alive
+                or rec.memory_bytes != memory
+                or not math.isclose(rec.tau_p_s, tp, rel_tol=0.25)
+                or not math.isclose(rec.tau_c_s, tc, rel_tol=0.25, abs_tol=1e-3)
+            )
+            rec.memory_bytes, rec.peer_id, rec.address, rec.last_heartbeat_s = memory, peer, addr, now_s
+            if changed:
+                rec.tau_p_s, rec.tau_c_s = tp, tc
+            rec.alive, rec.dead_reason = True, ""
+        if changed:
+            self.generation += 1
+        return rec, changed
+
+    def add_planned(self, specs: Sequence[ServerSpec]) -> None:
+        """Servers known from a cluster file: alive, never expired, until they register themselves."""
+        for s in specs:
+            check_name(s.name, "servers[].name")
+            self.check_memory(s.memory_bytes)
+        for s in specs:
+            self.servers[s.name] = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s)
+        self.generation += 1
+
+    def get(self, name: str) -> ServerRecord:
+        """The record of a registered server, or UnknownServerError."""
+        rec = self.servers.get(name)
+        if rec is None:
+            raise UnknownServerError(f"unknown server {name!r}: it has not registered")
+        return rec
+
+    def heartbeat(
+        self,
+        name: Any,
+        *,
+        now_s: float,
+        serving: Any = None,
+        tau_p_s: Any = None,
+        tau_c_s: Any = None,
+    ) -> tuple[ServerRecord, bool]:
+        """Record that a server is alive and what it serves; return (record, recomposition needed).
+
+        ``serving`` is the PETALS span [start, end) it currently holds; it must be its current or
+        its previous assignment (a server still reloading), else ClaimError and nothing changes.
+        """
+        name = check_name(name)
+        rec = self.get(name)
+        if not rec.alive:
+            raise ServerDeadError(f"server {name!r} was marked dead ({rec.dead_reason}); register again")
+        span = self._check_claim(rec, serving)
+        tp = None if tau_p_s is None else check_number(tau_p_s, "tau_p_s", low=0.0, high=MAX_TIME_S, allow_low=False)
+        tc = None if tau_c_s is None else check_number(tau_c_s, "tau_c_s", low=0.0, high=MAX_TIME_S, allow_low=True)
+        rec.last_heartbeat_s = now_s
+        rec.serving = span
+        changed = False
+        if tp is not None and not math.isclose(rec.tau_p_s, tp, rel_tol=0.25):
+            rec.tau_p_s, changed = tp, True
+        if tc is not None and not math.isclose(rec.tau_c_s, tc, rel_tol=0.25, abs_tol=1e-3):
+            rec.tau_c_s, changed = tc, True
+        if changed:
+            self.generation += 1
+        return rec, changed
+
+    def _check_claim(self, rec: ServerRecord, serving: Any) -> tuple[int, int] | None:
+        """Validate a claimed span against the server's current and previous assignments."""
+        if serving is None:
+            return None
+        ok_shape = (
+            isinstance(serving, (list, tuple))
+            and len(serving) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in serving)
+        )
+        if not ok_shape:
+            raise RegistryError(f"field 'serving' must be [start, end] (two integers), got {serving!r}")
+        start, end = serving
+        if not 0 <= start <= end <= self.model.num_blocks:
+            raise RegistryError(
+                f"field 'serving' = [{start}, {end}] is not a span within 0..{self.model.num_blocks} blocks"
+            )
+        if start == end:
+            return (start, end)  # holds nothing yet: always allowed
+        allowed = [a for a in (rec.assignment, rec.previous_assignment) if a is not None and a.num_blocks > 0]
+        if not any((a.start, a.end) == (start, end) for a in allowed):
+            given = ", ".join(f"{a.start}:{a.end} (v{a.version})" for a in allowed) or "no blocks"
+            raise ClaimError(
+                f"server {rec.name!r} claims blocks {start}:{end} but was given {given}; "
+                "load the assigned span (GET /servers/{name}/assignment)"
+            )
+        return (start, end)
+
+    def mark_dead(self, name: str, reason: str) -> bool:
+        """Mark a server dead (it will be left out of the next composition); True if it was alive."""
+        rec = self.get(name)
+        if not rec.alive:
+            return False
+        rec.alive, rec.dead_reason, rec.serving = False, reason, None
+        self.generation += 1
+        return True
+
+    def expire(self, now_s: float, timeout_s: float) -> list[str]:
+        """Mark dead every registered server whose last heartbeat is older than timeout_s."""
+        gone = [
+            r.name
+            for r in self.servers.values()
+            if r.alive and r.last_heartbeat_s is not None and now_s - r.last_heartbeat_s > timeout_s
+        ]
+        for name in gone:
+            self.mark_dead(name, f"no heartbeat for {timeout_s:g} s")
+        return gone
+
+    def alive(self) -> list[ServerRecord]:
+        """Live servers in registration order."""
+        return [r for r in self.servers.values() if r.alive]
+
+    def peer_id(self, name: str) -> str | None:
+        """The PETALS peer id a server registered with (None for a planned server)."""
+        rec = self.servers.get(name)
+        return rec.peer_id if rec else None
+
+    # ---- composition ------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[int, tuple[ServerSpec, ...]]:
+        """(generation, specs of the live servers): the input of one recomposition."""
+        return self.generation, tuple(r.spec() for r in self.alive())
+
+    def compute(self, specs: Sequence[ServerSpec]) -> Composition:
+        """Run the composition pipeline on the given specs (pure; safe to call off the event loop)."""
+        compose = self._compose_fn or _default_compose()
+        return compose(specs, self.model, self.arrival_rate, self.target_load, c=self.c, tune=self.tune)
+
+    def apply(self, composition: Composition | None, error: str | None = None) -> int:
+        """Install a composition (or None with the reason); bump the version, derive assignments."""
+        if composition is not None:
+            unknown = [s.name for s in composition.servers if s.name not in self.servers]
+            if unknown:
+                raise RegistryError(f"composition names servers that never registered: {unknown}")
+            if composition.model.num_blocks != self.model.num_blocks:
+                raise RegistryError(
+                    f"composition is for {composition.model.num_blocks} blocks, the registry's model has "
+                    f"{self.model.num_blocks}"
+                )
+        self.version += 1
+        self.composition, self.error = composition, error
+        placed: dict[str, tuple[int, int]] = {}
+        if composition is not None:
+            pl = composition.placement
+            for j, s in enumerate(composition.servers):
+                a, m = pl.first_block[j], pl.num_blocks[j]
+                placed[s.name] = (a - 1, a - 1 + m) if m > 0 else (0, 0)
+        for rec in self.servers.values():
+            span = placed.get(rec.name, (0, 0))
+            new = Assignment(rec.name, span[0], span[1], self.version)
+            if rec.assignment is not None and (rec.assignment.start, rec.assignment.end) != span:
+                rec.previous_assignment = rec.assignment
+            rec.assignment = new
+        return self.version
+
+    def recompose(self) -> Composition | None:
+        """Recompute the composition for the live servers now (synchronously) and install it.
+
+        On an infeasible or empty cluster the composition becomes None and ``error`` says why.
+        """
+        _, specs = self.snapshot()
+        comp, err = self.try_compute(specs)
+        self.apply(comp, err)
+        return comp
+
+    def try_compute(self, specs: Sequence[ServerSpec]) -> tuple[Composition | None, str | None]:
+        """compute(), turning 'no servers' and infeasibility into (None, reason)."""
+        if not specs:
+            return None, "no live servers"
+        try:
+            return self.compute(specs), None
+        except (SpecError, ValueError) as exc:  # InfeasibleError is a ValueError
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def assignments(self) -> dict[str, Assignment | None]:
+        """Each server's current assignment."""
+        return {name: r.assignment for name, r in self.servers.items()}
+
+
+@dataclass(frozen=True)
+class SpanInfo:
+    """One hop of a chain as PETALS sees it: server name and blocks start:end (0-indexed, end exclusive)."""
+
+    server: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class ChainInfo:
+    """A chain of the current composition: its hops, capacity c_k and service time T_k."""
+
+    spans: tuple[SpanInfo, ...]
+    capacity: int
+    service_time_s: float
+    chain_id: str = ""
+    key: tuple[tuple[str, int, int], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", tuple((s.server, s.start, s.end) for s in self.spans))
+
+    @property
+    def rate_per_s(self) -> float:
+        """μ_k = 1 / T_k."""
+        return 1.0 / self.service_time_s
+
+
+def chain_infos(composition: Composition, version: int) -> list[ChainInfo]:
+    """The composition's chains in its own order (= JFFC chain indices) as named PETALS spans."""
+    out = []
+    for k, ch in enumerate(composition.chains):
+        spans = tuple(
+            SpanInfo(composition.servers[j].name, a - 1, a - 1 + m) for j, a, m in ch.spans() if m > 0
+        )
+        out.append(ChainInfo(spans, ch.capacity, ch.service_time_s, f"v{version}.{k}"))
+    return out
