@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install if needed, then lint (ruff) and run the tests (pytest) in the project venv. Extra arguments go to pytest,
+# e.g. `bash scripts/test.sh tests/test_jffc.py -k capacity` or `bash scripts/test.sh -m "not swarm"`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+bash scripts/install.sh
+PY="$ROOT/.venv/bin/python"
+
+# No internet here: never let transformers/huggingface_hub wait on the hub; draw plots without a display.
+export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}" MPLBACKEND="${MPLBACKEND:-Agg}"
+# Shared data (Azure traces, RIPE Atlas RTTs) lives beside the clone unless PETALS_CHAIN_DATA says otherwise.
+if [ -z "${PETALS_CHAIN_DATA:-}" ] && [ -d "$ROOT/../shared/data" ]; then
+  PETALS_CHAIN_DATA="$(cd "$ROOT/../shared/data" && pwd)"
+  export PETALS_CHAIN_DATA
+fi
+
+lint_dirs=()
+for d in petals_chain tests experiments scripts; do [ -d "$d" ] && lint_dirs+=("$d"); done
+echo "[test] ruff check ${lint_dirs[*]}"
+"$PY" -m ruff check "${lint_dirs[@]}"
+
+echo "[test] pytest -q $*"
+set +e
+"$PY" -m pytest -q "$@"
+rc=$?
+set -e
+# pytest exits 5 when it collected nothing; that is only acceptable while the repo has no test files at all.
+if [ "$rc" = 5 ] && [ -z "$(find tests -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
+  echo "[test] no test files under tests/ yet"
+  exit 0
+fi
+exit "$rc"
