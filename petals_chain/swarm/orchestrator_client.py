@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 
@@ -81,7 +81,7 @@ class OrchestratorClient:
         self._session = session
         self._own_session = session is None
 
-    async def __aenter__(self) -> Self:
+    async def __aenter__(self) -> OrchestratorClient:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self

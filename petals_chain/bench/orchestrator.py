@@ -1,0 +1,195 @@
+"""`python -m petals_chain.bench orchestrator`: lease+release over HTTP with 1000 chains, and JFFC decision time.
+
+The orchestrator runs in a child process on a loopback port with a synthetic
+composition of ``--chains`` one-server chains (seeded capacities 1-8 and service
+times 5-20 s); this process drives ``--requests`` lease+release round trips at
+each ``--concurrency`` level and prints round trips per second and p50/p99
+latency. Then the pure JFFC decision time (µs) with no HTTP, and the in-process
+LeaseManager round trip, show where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petals_chain.dispatch.jffc import JFFC
+from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
+
+MODEL = ModelSpec(num_blocks=32, block_bytes=0.4e9, cache_bytes=0.05e9, name="bench-32")
+
+
+def synthetic_composition(num_chains: int, rng: np.random.Generator) -> Composition:
+    """num_chains one-server chains, each server holding the whole model; capacities 1-8, T_k in 5-20 s."""
+    caps = rng.integers(1, 9, size=num_chains)
+    times_s = rng.uniform(5.0, 20.0, size=num_chains)
+    L = MODEL.num_blocks
+    memory_bytes = L * MODEL.block_bytes + caps * L * MODEL.cache_bytes + 1.0
+    servers = tuple(
+        ServerSpec(f"s{k}", float(memory_bytes[k]), 0.02, float(times_s[k]) / L) for k in range(num_chains)
+    )
+    placement = Placement((1,) * num_chains, (L,) * num_chains)
+    chains = tuple(Chain((k,), (L,), int(caps[k]), float(times_s[k])) for k in range(num_chains))
+    return Composition(servers, MODEL, placement, chains, c=int(caps.max()))
+
+
+def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
+    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>."""
+    from petals_chain.swarm.orchestrator_app import Orchestrator, build_app, serve
+    from petals_chain.swarm.registry import Registry
+
+    comp = synthetic_composition(num_chains, np.random.default_rng(seed))
+    registry = Registry(MODEL, arrival_rate=1.0)
+    registry.add_planned(comp.servers)
+    orch = Orchestrator(registry, heartbeat_timeout_s=None)
+    orch.install(comp)
+    asyncio.run(serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port)))
+
+
+async def _http_level(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, float]:
+    """`requests` lease+release round trips from `concurrency` workers; rate and latency percentiles."""
+    import aiohttp
+    from tqdm import tqdm
+
+    from petals_chain.swarm.orchestrator_client import OrchestratorClient
+
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency + 4)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        oc = OrchestratorClient(url, session=session)
+        for _ in range(warmup):
+            lease = await oc.lease(timeout_s=30)
+            await oc.release(lease.lease_id)
+        bar = tqdm(total=requests, desc=f"concurrency {concurrency}", leave=False)
+        remaining = [requests]
+
+        async def worker() -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                t0 = time.perf_counter()
+                lease = await oc.lease(timeout_s=30)
+                await oc.release(lease.lease_id)
+                latencies.append(time.perf_counter() - t0)
+                bar.update(1)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+        bar.close()
+        health = await oc.health()
+    lat = np.array(latencies)
+    if health["active_leases"] != 0 or health["free"] != health["capacity"]:
+        raise RuntimeError(f"capacity not restored after the run: {health}")
+    return {
+        "concurrency": concurrency,
+        "round_trips": len(lat),
+        "round_trips_per_s": len(lat) / elapsed,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3),
+        "mean_ms": float(lat.mean() * 1e3),
+    }
+
+
+def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.Generator) -> dict[str, float]:
+    """µs per JFFC decision (arrival or departure), best of `repeat`: with free chains, and saturated."""
+    rates = [ch.rate_per_s for ch in comp.chains]
+    caps = [ch.capacity for ch in comp.chains]
+    total = sum(caps)
+    out: dict[str, float] = {}
+    best = float("inf")
+    for _ in range(repeat):  # about half the capacity busy: arrivals find a free chain
+        p = JFFC(rates, caps)
+        for j in range(total // 2):
+            p.on_arrival(-1 - j)
+        t0 = time.perf_counter()
+        for i in range(pairs):
+            k = p.on_arrival(i)[0].chain
+            p.on_departure(i, k)
+        best = min(best, time.perf_counter() - t0)
+    out["free_us"] = best / (2 * pairs) * 1e6
+    best = float("inf")
+    chains = rng.integers(0, len(caps), size=pairs)
+    for _ in range(repeat):  # every slot busy: arrivals queue, departures hand the slot to the head
+        p = JFFC(rates, caps)
+        for j in range(total):
+            p.on_arrival(-1 - j)
+        t0 = time.perf_counter()
+        for i in range(pairs):
+            p.on_arrival(i)
+            p.on_departure(i, int(chains[i]))
+        best = min(best, time.perf_counter() - t0)
+    out["saturated_us"] = best / (2 * pairs) * 1e6
+    return out
+
+
+async def _lease_manager_us(comp: Composition, pairs: int) -> float:
+    """µs per acquire+release round trip in the LeaseManager itself (no HTTP)."""
+    from petals_chain.swarm.leases import LeaseManager
+    from petals_chain.swarm.registry import chain_infos
+
+    lm = LeaseManager()
+    lm.set_chains(chain_infos(comp, 1), 1)
+    t0 = time.perf_counter()
+    for _ in range(pairs):
+        lease = await lm.acquire(timeout_s=1)
+        lm.release(lease.lease_id)
+    return (time.perf_counter() - t0) / pairs * 1e6
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Print HTTP lease+release rates and latencies, then the JFFC and LeaseManager decision times."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.bench orchestrator", description=__doc__)
+    p.add_argument("--chains", type=int, default=1000)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--requests", type=int, default=2000, help="round trips per concurrency level")
+    p.add_argument("--pairs", type=int, default=200_000, help="arrival+departure pairs for the JFFC timing")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="fewer requests and pairs (a smoke run)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.requests, args.pairs = min(args.requests, 200), min(args.pairs, 20_000)
+    if args.chains < 1 or args.requests < 1 or min(args.concurrency) < 1:
+        print("error: --chains, --requests and --concurrency must be >= 1")
+        return 2
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child), daemon=True)
+    proc.start()
+    results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": []}
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the orchestrator child did not start within 60 s")
+        url = f"http://127.0.0.1:{parent.recv()}"
+        print(f"orchestrator at {url} with {args.chains} chains (child pid {proc.pid})")
+        print(f"{'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+        for c in args.concurrency:
+            r = asyncio.run(_http_level(url, c, args.requests, warmup=min(50, args.requests)))
+            results["http"].append(r)
+            print(f"{c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['mean_ms']:>8.2f}", flush=True)
+    finally:
+        proc.terminate()
+        proc.join(10)
+
+    rng = np.random.default_rng(args.seed)
+    comp = synthetic_composition(args.chains, np.random.default_rng(args.seed))
+    results["jffc"] = jffc_decision_us(comp, args.pairs, 5, rng)
+    results["lease_manager_round_trip_us"] = asyncio.run(_lease_manager_us(comp, min(args.pairs, 50_000)))
+    print(f"JFFC decision, {args.chains} chains (capacity {comp.total_capacity}): "
+          f"{results['jffc']['free_us']:.2f} µs with free chains, "
+          f"{results['jffc']['saturated_us']:.2f} µs saturated (queue hand-off)")
+    print(f"LeaseManager acquire+release in-process: {results['lease_manager_round_trip_us']:.1f} µs")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0
