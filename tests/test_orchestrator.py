@@ -519,3 +519,17 @@ def _compose_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def test_bench_smoke_restores_capacity_and_writes_figures(tmp_path: Path) -> None:
+    """`bench orchestrator` runs end to end on a small swarm and reports every round trip it made."""
+    pytest.importorskip("tqdm")
+    from petals_chain.bench.orchestrator import run as bench_run
+
+    out = tmp_path / "orch.json"
+    code = bench_run(["--chains", "20", "--concurrency", "3", "--requests", "30", "--pairs", "500", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert code == 0 and data["chains"] == 20
+    assert [r["round_trips"] for r in data["http"]] == [30]
+    assert data["http"][0]["p99_ms"] >= data["http"][0]["p50_ms"] > 0
+    assert data["jffc"]["free_us"] > 0 and data["jffc"]["saturated_us"] > 0
