@@ -1,0 +1,93 @@
+"""Quick runs of the compose-side experiments write their CSV/PNG/README and show the paper's claims."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from petals_chain.experiments import load
+from petals_chain.experiments.__main__ import main
+from petals_chain.experiments.common import update_readme
+
+
+def _args(tmp_path, seed=1):
+    return argparse.Namespace(quick=True, seed=seed, out=tmp_path, workers=1)
+
+
+def _rows(path):
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_fig3_gbp_cr_never_loses_to_random_placements(tmp_path):
+    summary = load("fig3").run(_args(tmp_path))
+    rows = _rows(tmp_path / "fig3.csv")
+    assert (tmp_path / "fig3.png").stat().st_size > 10_000
+    for case in ("homogeneous", "heterogeneous"):
+        for lam in {r["arrival_rate"] for r in rows if r["case"] == case}:
+            ours = [float(r["objective"]) for r in rows if r["case"] == case and r["arrival_rate"] == lam
+                    and r["method"] == "GBP-CR"]
+            rand = [float(r["objective"]) for r in rows if r["case"] == case and r["arrival_rate"] == lam
+                    and r["method"] == "random" and np.isfinite(float(r["objective"]))]
+            assert len(ours) == 1
+            assert not rand or ours[0] <= min(rand)
+    assert "GBP-CR" in summary.lines[0]
+
+
+def test_fig4_gca_between_lower_bound_and_gbp_cr(tmp_path):
+    load("fig4").run(_args(tmp_path))
+    rows = _rows(tmp_path / "fig4.csv")
+    assert len(rows) >= 6
+    for r in rows:
+        gca, ilp, low, ck = (int(r[k]) for k in ("gca", "ilp", "lower", "cK"))
+        assert low <= ilp <= gca <= ck
+
+
+def test_fig6_lower_bound_pick_is_near_the_simulated_best(tmp_path):
+    summary = load("fig6").run(_args(tmp_path))
+    rows = _rows(tmp_path / "fig6.csv")
+    for r in rows:
+        if np.isfinite(float(r["sim_s"])):
+            assert float(r["lower_s"]) <= float(r["upper_s"]) + 1e-9
+    picks = summary.data["picks"]
+    by_c = {}
+    for r in rows:
+        by_c.setdefault(int(r["c"]), []).append(float(r["sim_s"]))
+    sim_mean = {c: np.mean(v) for c, v in by_c.items()}
+    best = min(v for v in sim_mean.values() if np.isfinite(v))
+    # the c the lower bound picks is within 5 % of the best simulated mean
+    assert sim_mean[picks["lower_s"]] <= 1.05 * best
+
+
+def test_fig7_and_the_results_readme(tmp_path):
+    assert main(["fig7", "--quick", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path / "fig7.csv")
+    lower = [int(r["lower"]) for r in rows]
+    assert all(c >= 1 for c in lower)
+    assert lower == sorted(lower)  # the lower bound's c* grows with λ
+    text = (tmp_path / "README.md").read_text()
+    assert "## fig7" in text and "python -m petals_chain.experiments fig7 --quick" in text
+    data = json.loads((tmp_path / "fig7.json").read_text())
+    assert data["name"] == "fig7"
+
+
+def test_readme_sections_are_replaced_not_duplicated(tmp_path):
+    from petals_chain.experiments.common import Summary
+
+    update_readme(tmp_path, Summary("figX", "first", "cmd a", ["one"]))
+    update_readme(tmp_path, Summary("figA", "other", "cmd b", ["two"]))
+    update_readme(tmp_path, Summary("figX", "second", "cmd c", ["three"]))
+    text = (tmp_path / "README.md").read_text()
+    assert text.count("## figX") == 1 and "second" in text and "first" not in text
+    assert text.index("## figA") < text.index("## figX")
+
+
+def test_unknown_experiment_is_refused(capsys):
+    assert main(["fig99"]) == 2
+    assert "unknown experiment" in capsys.readouterr().err
+    with pytest.raises(KeyError):
+        load("nope")
