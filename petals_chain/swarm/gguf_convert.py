@@ -470,7 +470,7 @@ def is_converted(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 
 
 def _make_readable(directory: Path) -> None:
-    """Give the temp directory and its files the usual umask-based modes (mkdtemp and safetensors create them 0700/0600)."""
+    """Give the temp directory and its files the usual umask modes (mkdtemp and safetensors make them 0700/0600)."""
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)
