@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 aiohttp = pytest.importorskip("aiohttp")
-from aiohttp.test_utils import TestServer  # noqa: E402
+from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alias: pytest must not collect it)
 
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
@@ -62,7 +62,7 @@ def make_orchestrator(**kw: object) -> Orchestrator:
 @contextlib.asynccontextmanager
 async def serving(orch: Orchestrator, token: str | None = None) -> AsyncIterator[str]:
     """The real aiohttp app on a loopback port; yields its base URL."""
-    server = TestServer(build_app(orch, token=token, sweep_interval_s=0.05), host="127.0.0.1", port=0)
+    server = LoopbackServer(build_app(orch, token=token, sweep_interval_s=0.05), host="127.0.0.1", port=0)
     await server.start_server()
     try:
         yield str(server.make_url("")).rstrip("/")
