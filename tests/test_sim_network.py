@@ -8,10 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from petals_chain.compose.gbp_cr import gbp_cr
+from petals_chain.compose.gca import gca
 from petals_chain.model import GB
-from petals_chain.profile import PER_TOKEN_OVERHEAD_S, tau_c
+from petals_chain.profile import PER_TOKEN_OVERHEAD_S, bloom_176b, tau_c
+from petals_chain.sim.workloads import Trace
 from petals_chain.sim.network import (
     NetworkDataError,
+    chain_token_model,
     data_dir,
     draw_paper_cluster,
     draw_paper_servers,
@@ -63,7 +67,8 @@ def test_draws_are_reproducible_by_seed_and_distinct(anchors) -> None:  # noqa: 
 
 def test_paper_kinds_give_the_published_per_block_times() -> None:
     high, low = paper_server_kinds()
-    servers, topo = draw_paper_cluster(20, 0.2, np.random.default_rng(0))
+    servers, topo, kinds = draw_paper_cluster(20, 0.2, np.random.default_rng(0))
+    assert [k.memory_bytes for k in kinds] == [s.memory_bytes for s in servers]
     taus = {s.memory_bytes: s.tau_p_s for s in servers}
     assert taus[40 * GB] == pytest.approx(0.109, abs=1e-3)  # spec §5: ≈ 109 ms
     assert taus[20 * GB] == pytest.approx(0.175, abs=1e-3)  # spec §5: ≈ 175 ms
@@ -101,3 +106,15 @@ def test_data_folder_comes_from_the_environment(tmp_path: Path, monkeypatch: pyt
     assert data_dir() == tmp_path
     with pytest.raises(FileNotFoundError, match="PETALS_CHAIN_DATA"):
         load_ripe_atlas()
+
+
+def test_token_model_of_composed_chains_reproduces_their_mean_service_time() -> None:
+    servers, topo, kinds = draw_paper_cluster(20, 0.2, np.random.default_rng(4))
+    model = bloom_176b()
+    chains = gca(servers, model, gbp_cr(servers, model, 7, 0.2))
+    assert chains
+    tokens = chain_token_model(chains, topo.server_rtt_s, kinds)
+    mean_job = Trace(np.zeros(2), np.array([2000, 4000]), np.array([20, 20]))
+    times = tokens.service_times_s(mean_job)
+    np.testing.assert_allclose(times[0], [ch.service_time_s for ch in chains], rtol=1e-12)
+    assert np.all(times[1] > times[0])  # twice the context: more prefill on every chain

@@ -4,7 +4,12 @@ The RIPE Atlas file lists measurements per anchor, not pairs; the pairwise RTT
 follows the rule of spec §5, ``RTT(i,j) = 0.3·median_i + 0.3·median_j +
 0.01 ms/km · haversine(i,j)`` with ``median_i`` the median of all of anchor i's
 latency_m1..m4 values, and RTT(i,i) = 0 (a node talking to itself). τp and τc
-come from :mod:`petals_chain.profile` so composition and simulation agree.
+come from :mod:`petals_chain.profile` so composition and simulation agree:
+τp = 108.9 ms (3g.40gb) and 175.2 ms (2g.20gb) for l_in = 2000, l_out = 20, as
+spec §5's ≈109 / ≈175 ms. τc follows profile.tau_c, l_out · (RTT + 18 ms): the
+18 ms is charged per round trip (prefill + l_out - 1 decode steps); spec §1's
+wording ("plus ~18 ms") could also be read as once per job (τc smaller by
+19 × 18 ms = 0.34 s per hop); pass ``overhead_s`` to change it.
 """
 
 from __future__ import annotations
@@ -12,21 +17,31 @@ from __future__ import annotations
 import csv
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from petals_chain.model import ServerSpec, SpecError
-from petals_chain.profile import PAPER_DEVICES, PER_TOKEN_OVERHEAD_S, DeviceKind, tau_c, tau_p
+from petals_chain.model import Chain, ServerSpec, SpecError
+from petals_chain.profile import (
+    PAPER_DEVICES,
+    PER_TOKEN_OVERHEAD_S,
+    STEP_OVERHEAD_S,
+    DeviceKind,
+    bloom_176b,
+    tau_c,
+    tau_p,
+)
 from petals_chain.profile import Workload as TokenWorkload
+from petals_chain.sim.workloads import TokenServiceModel
 
 RIPE_FILE = "ripe_atlas_eu_rtt.csv"
 RIPE_COLUMNS = ("anchor_id", "latency_m1", "latency_m2", "latency_m3", "latency_m4", "latitude", "longitude")
 EARTH_RADIUS_KM = 6371.0
 LOCAL_SHARE = 0.3  # share of each endpoint's median RTT counted as local delay
 DISTANCE_S_PER_KM = 0.01e-3  # 0.01 ms per km of great-circle distance (round trip)
-PAPER_BLOCK_BYTES = 1.32e9  # BLOOM-176B block under NF4 (spec §5)
+PAPER_BLOCK_BYTES = bloom_176b().block_bytes  # BLOOM-176B block under NF4 (spec §5)
 
 
 class NetworkDataError(ValueError):
@@ -164,11 +179,13 @@ def paper_server_kinds() -> tuple[DeviceKind, DeviceKind]:
 
 def draw_paper_cluster(num_servers: int, eta: float, rng: np.random.Generator, *, anchors: Anchors | None = None,
                        workload: TokenWorkload | None = None, block_bytes: float = PAPER_BLOCK_BYTES,
-                       overhead_s: float = PER_TOKEN_OVERHEAD_S) -> tuple[list[ServerSpec], Topology]:
+                       overhead_s: float = PER_TOKEN_OVERHEAD_S,
+                       ) -> tuple[list[ServerSpec], Topology, list[DeviceKind]]:
     """The paper's cluster (§4.1.1): J servers named s0.., round(ηJ) of them (drawn at random) high-end.
 
-    Draw order from ``rng``: the topology first, then which servers are high-end.
-    τp_j from the kind's FLOP/s and bandwidth, τc_j from RTT(orchestrator, j).
+    Returns the servers, the topology and each server's GPU kind. Draw order
+    from ``rng``: the topology first, then which servers are high-end. τp_j
+    from the kind's FLOP/s and bandwidth, τc_j from RTT(orchestrator, j).
     """
     if not 0.0 <= eta <= 1.0:
         raise SpecError(f"network: eta (fraction of high-end servers) must be in [0, 1], got {eta!r}")
@@ -177,14 +194,37 @@ def draw_paper_cluster(num_servers: int, eta: float, rng: np.random.Generator, *
     high_kind, low_kind = paper_server_kinds()
     n_high = round(eta * num_servers)
     high = set(rng.choice(num_servers, size=n_high, replace=False).tolist())
-    servers = []
-    for j in range(num_servers):
-        kind = high_kind if j in high else low_kind
-        servers.append(ServerSpec(f"s{j}", kind.memory_bytes, tau_c(float(topo.server_rtt_s[j]), workload, overhead_s),
-                                  tau_p(kind, block_bytes, workload)))
-    return servers, topo
+    kinds = [high_kind if j in high else low_kind for j in range(num_servers)]
+    servers = [
+        ServerSpec(f"s{j}", kind.memory_bytes, tau_c(float(topo.server_rtt_s[j]), workload, overhead_s),
+                   tau_p(kind, block_bytes, workload))
+        for j, kind in enumerate(kinds)
+    ]
+    return servers, topo, kinds
 
 
 def draw_paper_servers(num_servers: int, eta: float, rng: np.random.Generator, **kwargs: object) -> list[ServerSpec]:
     """Just the servers of :func:`draw_paper_cluster` (same draws, same keyword options)."""
     return draw_paper_cluster(num_servers, eta, rng, **kwargs)[0]  # type: ignore[arg-type]
+
+
+def chain_token_model(chains: Sequence[Chain], server_rtt_s: Sequence[float], server_kinds: Sequence[DeviceKind], *,
+                      block_bytes: float = PAPER_BLOCK_BYTES, flops_per_block_token: float = 5e9,
+                      overhead_s: float = PER_TOKEN_OVERHEAD_S) -> TokenServiceModel:
+    """Per-chain token-aware service times T_k(l_in, l_out) for trace replay, consistent with profile's τ.
+
+    Hop j of chain k processing m blocks costs l_out·(RTT_j + overhead) +
+    m·(t_o + t_in_j·l_in + t_out_j·(l_out - 1)), so T_k(2000, 20) equals the
+    chain's ``service_time_s`` when its servers came from :func:`draw_paper_cluster`.
+    """
+    fixed = np.zeros(len(chains))
+    per_in = np.zeros(len(chains))
+    per_out = np.zeros(len(chains))
+    for k, ch in enumerate(chains):
+        for j, m in zip(ch.servers, ch.blocks):
+            kind = server_kinds[j]
+            comm = float(server_rtt_s[j]) + overhead_s
+            fixed[k] += comm + m * STEP_OVERHEAD_S
+            per_in[k] += m * flops_per_block_token / kind.flops_per_s
+            per_out[k] += comm + m * block_bytes / kind.bandwidth_bytes_per_s
+    return TokenServiceModel(fixed, per_in, per_out)

@@ -187,10 +187,11 @@ def token_sizes(trace: Trace, *, t_o_s: float = 1e-3, t_in_s: float = 5e9 / 120e
 class TokenServiceModel:
     """Per-chain linear service time T_k(l_in, l_out) = fixed_k + per_input_k·l_in + per_output_k·(l_out - 1).
 
-    For a chain whose hops j process m_j blocks with RTT r_j to the orchestrator:
-    fixed_k = Σ_j (overhead + r_j + m_j t_o), per_input_k = Σ_j m_j t_in_j,
-    per_output_k = Σ_j (r_j + m_j t_out_j): one round trip for the prefill and one
-    per decode step, as in spec §1.
+    For a chain whose hops j process m_j blocks with RTT r_j to the orchestrator
+    and an overhead o per round trip: fixed_k = Σ_j (r_j + o + m_j t_o),
+    per_input_k = Σ_j m_j t_in_j, per_output_k = Σ_j (r_j + o + m_j t_out_j): one
+    round trip for the prefill and one per decode step (spec §1). Built by
+    :func:`petals_chain.sim.network.chain_token_model`.
     """
 
     fixed_s: np.ndarray
