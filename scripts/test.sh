@@ -17,17 +17,22 @@ fi
 
 lint_dirs=()
 for d in petals_chain tests experiments scripts; do [ -d "$d" ] && lint_dirs+=("$d"); done
+# Both always run, so one report shows lint and test failures together; the exit code is non-zero if either failed.
+set +e
 echo "[test] ruff check ${lint_dirs[*]}"
 "$PY" -m ruff check "${lint_dirs[@]}"
-
+ruff_rc=$?
 echo "[test] pytest -q $*"
-set +e
 "$PY" -m pytest -q "$@"
-rc=$?
+pytest_rc=$?
 set -e
 # pytest exits 5 when it collected nothing; that is only acceptable while the repo has no test files at all.
-if [ "$rc" = 5 ] && [ -z "$(find tests -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
+if [ "$pytest_rc" = 5 ] && [ -z "$(find tests -name 'test_*.py' -print -quit 2>/dev/null)" ]; then
   echo "[test] no test files under tests/ yet"
-  exit 0
+  pytest_rc=0
 fi
-exit "$rc"
+if [ "$ruff_rc" != 0 ]; then
+  echo "[test] FAILED: ruff check found problems (exit $ruff_rc)" >&2
+  exit "$ruff_rc"
+fi
+exit "$pytest_rc"
