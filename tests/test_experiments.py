@@ -91,3 +91,17 @@ def test_unknown_experiment_is_refused(capsys):
     assert "unknown experiment" in capsys.readouterr().err
     with pytest.raises(KeyError):
         load("nope")
+
+
+def test_fig5_jffc_is_best_and_mostly_service(tmp_path):
+    summary = load("fig5").run(_args(tmp_path))
+    rows = _rows(tmp_path / "fig5.csv")
+    loads = sorted({float(r["load"]) for r in rows})
+    for rho in loads:
+        def mean(pol, key="mean_response_s", rho=rho):
+            return np.mean([float(r[key]) for r in rows if r["policy"] == pol and float(r["load"]) == rho])
+        for pol in ("JSQ", "SED", "JIQ"):
+            assert mean("JFFC") <= mean(pol) * 1.03, (rho, pol)
+        if rho <= 0.7:
+            assert mean("JFFC", "mean_service_s") / mean("JFFC") > 0.85
+    assert "JFFC between the Theorem 3.7 bounds" in summary.lines[1]
