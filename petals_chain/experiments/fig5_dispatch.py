@@ -77,7 +77,8 @@ def run(args) -> Summary:
                  zip(jffc, agg("JFFC", "lower_s"), agg("JFFC", "upper_s")))
     lines = ["largest reduction of mean response by JFFC vs " + ", ".join(f"{p} {v:.1f} %" for p, v in worst.items()),
              f"JFFC between the Theorem 3.7 bounds (within its 95 % CI) at {inside}/{len(loads)} loads",
-             "service share of JFFC response: " + ", ".join(f"ρ={rho}: {100 * s:.1f} %" for rho, s in zip(loads, share))]
+             "service share of JFFC response: "
+             + ", ".join(f"ρ={rho}: {100 * s:.1f} %" for rho, s in zip(loads, share))]
     return Summary("fig5", "load balancing: JFFC vs other policies and the bounds",
                    f"python -m petals_chain.experiments fig5{' --quick' if args.quick else ''} --seed {args.seed}",
                    lines, ["JFFC is best; it keeps > 85 % of its response time as service time below load 0.7"],
