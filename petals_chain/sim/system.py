@@ -1,0 +1,438 @@
+"""Server-level simulation of systems that route every request over the placement graph: PETALS and BPRR.
+
+Unlike :mod:`petals_chain.sim.engine` (fixed chains with capacities), these
+systems pick a path per request in the feasible-edge DAG of a placement
+(spec §2.1: a hop at server j covers blocks p .. a_j+m_j-1, m_ij = a_j+m_j-p),
+and the only shared resource is each server's cache: M̃_j slots (eq. 3); a job
+on a path holds m_ij slots at every hop j for its whole service (memory eq. 1).
+Service time = job size (Exp(1)) × Σ_hops (τc_j + τp_j m_ij), the paper's model.
+
+What is modelled, exactly:
+
+PETALS (:func:`simulate_petals`), after ``petals/client/routing/sequence_manager.py``
+and ``petals/client/inference_session.py`` (petals 2.2):
+  * on arrival and on every retry the client runs Dijkstra (min-latency) with
+    edge cost τc_j + τp_j·m_ij, plus ``alloc_delay`` (10 s) when server j has
+    fewer free slots than its whole span m_j (PETALS' pessimistic
+    ``_has_cache_for`` checks the whole span, not the blocks actually used);
+  * the client sees every server's free cache exactly and instantly (no DHT
+    staleness); edges whose m_ij exceeds M̃_j (never feasible) are left out;
+  * if every hop of the chosen path has m_ij free slots the session starts and
+    allocates them atomically; otherwise the attempt fails at no time cost
+    (servers answer ``AllocationFailed`` at once: the client sends no
+    ``alloc_timeout``), and after the k-th failure the client sleeps
+    min(1 s · 2^(k-1), 60 s) — 1, 2, 4, … 32, 60, 60 … s — and routes again.
+    PETALS' 0 s retry right after the first failure is omitted: with exact
+    state it would see the same servers at the same instant and fail again;
+  * there is no central queue: a departure wakes nobody, waiting sessions only
+    notice free cache at their next retry.
+
+BPRR WS-RR (:func:`simulate_bprr`), after Sun et al. (Performance Evaluation 2025):
+  * each server's M̃_j slots form a calendar: slot q is free from time F_jq on
+    (the end of the job that holds or is committed to it); the scheduler knows
+    every job's exact end time (its size), the most favourable reading for BPRR;
+  * per request, on arrival, Dijkstra with edge cost w_j(m_ij) + τc_j + τp_j·m_ij,
+    where w_j(m) = (m-th smallest F_jq − now)⁺ is the wait until m slots free at j;
+  * the request is committed to that path at once and starts at
+    S = max(now, max over hops of the m_ij-th smallest F_jq), when every hop has
+    its cache; at each hop it takes the m_ij slots with the latest F_jq ≤ S (best
+    fit) and sets them to its end time. Committed slots are never lent to later
+    requests in the meantime (no backfilling), so requests start in commit order
+    per slot and nothing is ever over-committed.
+
+Both simulators record the same per-job records as the chain engine
+(:data:`~petals_chain.sim.engine.RECORD_DTYPE`; ``chain`` is the index of the
+job's route in :attr:`SystemResult.routes`), check Little's law, and check the
+cache of every server from the records (a sweep over all jobs' hop intervals):
+a run that over-commits any server raises :class:`SimulationError`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from petals_chain.compose.capacity import cache_slots
+from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
+from petals_chain.sim.engine import LITTLE_RTOL, RECORD_DTYPE, SimResult, SimulationError
+from petals_chain.sim.workloads import Workload
+
+try:  # the per-request route search runs thousands of times per run: numba makes it ~50x faster
+    from numba import njit as _njit
+except ImportError:  # pragma: no cover - exercised only where numba is missing
+    _njit = None
+
+ALLOC_DELAY_S = 10.0  # PETALS' routing penalty for a span lacking free cache
+MIN_BACKOFF_S = 1.0  # PETALS ClientConfig.min_backoff
+MAX_BACKOFF_S = 60.0  # PETALS ClientConfig.max_backoff
+
+Route = tuple[tuple[int, int], ...]  # ((server index, blocks processed there), ...) in block order
+
+
+def _route_dp(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now, use_wait,
+              dist, best_server, best_prev, out_servers, out_blocks):
+    """Shortest position-1 → position-(L+1) path of the placement DAG; fills out_*, returns the hop count (0: none).
+
+    Edge (p → e_j) at server j costs τc_j + τp_j m + penalty_j (+ (free_at[j, m-1] − now)⁺ if use_wait),
+    m = e_j − p; edges with m > slots_j are absent. Ties keep the first found (lower p, lower index).
+    """
+    L1 = num_blocks + 1
+    for p in range(L1 + 1):
+        dist[p] = np.inf
+        best_server[p] = -1
+        best_prev[p] = -1
+    dist[1] = 0.0
+    for e in range(2, L1 + 1):
+        for g in range(starts[e], starts[e + 1]):
+            j = order[g]
+            lo = first[j]
+            if e - slots[j] > lo:
+                lo = e - slots[j]
+            base = tau_c[j] + penalty[j]
+            for p in range(lo, e):
+                if dist[p] == np.inf:
+                    continue
+                m = e - p
+                cost = dist[p] + base + tau_p[j] * m
+                if use_wait:
+                    w = free_at[j, m - 1] - now
+                    if w > 0.0:
+                        cost += w
+                if cost < dist[e]:
+                    dist[e] = cost
+                    best_server[e] = j
+                    best_prev[e] = p
+    if dist[L1] == np.inf:
+        return 0
+    hops = 0
+    e = L1
+    while e != 1:
+        hops += 1
+        e = best_prev[e]
+    h = hops
+    e = L1
+    while e != 1:
+        h -= 1
+        out_servers[h] = best_server[e]
+        out_blocks[h] = e - best_prev[e]
+        e = best_prev[e]
+    return hops
+
+
+def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, num_blocks, free_at,
+               start_out, end_out, hop_servers, hop_blocks, num_hops):
+    """BPRR WS-RR over all arrivals (see the module docstring); returns -1 on success, else the unroutable job."""
+    n = arrival.shape[0]
+    L1 = num_blocks + 1
+    dist = np.empty(L1 + 1, dtype=np.float64)
+    best_server = np.empty(L1 + 1, dtype=np.int64)
+    best_prev = np.empty(L1 + 1, dtype=np.int64)
+    penalty = np.zeros(first.shape[0], dtype=np.float64)
+    hs = np.empty(hop_servers.shape[1], dtype=np.int64)
+    hb = np.empty(hop_servers.shape[1], dtype=np.int64)
+    for i in range(n):
+        now = arrival[i]
+        hops = _route_dp_fast(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now,
+                              True, dist, best_server, best_prev, hs, hb)
+        if hops == 0:
+            return i
+        s = now
+        t_path = 0.0
+        for h in range(hops):
+            j = hs[h]
+            m = hb[h]
+            if free_at[j, m - 1] > s:
+                s = free_at[j, m - 1]
+            t_path += tau_c[j] + tau_p[j] * m
+        e_time = s + size[i] * t_path
+        for h in range(hops):
+            j = hs[h]
+            m = hb[h]
+            k = slots[j]
+            cnt = 0  # slots free by s: a prefix of the sorted calendar
+            while cnt < k and free_at[j, cnt] <= s:
+                cnt += 1
+            for q in range(cnt - m, cnt):
+                free_at[j, q] = e_time
+            free_at[j, :k] = np.sort(free_at[j, :k])
+            hop_servers[i, h] = j
+            hop_blocks[i, h] = m
+        num_hops[i] = hops
+        start_out[i] = s
+        end_out[i] = e_time
+    return -1
+
+
+if _njit is not None:
+    _route_dp_fast = _njit(cache=True)(_route_dp)
+    _bprr_loop_fast = _njit(cache=True)(_bprr_loop)
+else:  # pragma: no cover
+    _route_dp_fast = _route_dp
+    _bprr_loop_fast = _bprr_loop
+
+
+@dataclass(frozen=True)
+class RouteGraph:
+    """The feasible-edge DAG of a placement as arrays (hosting servers only), ready for per-request routing."""
+
+    servers: tuple[ServerSpec, ...]
+    model: ModelSpec
+    placement: Placement
+    slots: np.ndarray  # M̃_j of every server (all servers, placement order)
+    index: np.ndarray  # local id -> server index, hosting servers only
+    first: np.ndarray
+    end: np.ndarray
+    span: np.ndarray
+    tau_c: np.ndarray
+    tau_p: np.ndarray
+    local_slots: np.ndarray
+    order: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def build(cls, servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement,
+              slots: Sequence[int] | None = None) -> RouteGraph:
+        """Arrays of the placement's DAG; ``slots`` defaults to M̃_j = ⌊(M_j − s_m m_j)/s_c⌋ (eq. 3)."""
+        servers = validate_servers(servers)
+        if placement.num_servers != len(servers):
+            raise SpecError(f"placement has {placement.num_servers} servers but {len(servers)} were given")
+        placement.check_for(model)
+        all_slots = np.array(cache_slots(servers, model, placement) if slots is None else list(slots), dtype=np.int64)
+        if all_slots.shape != (len(servers),):
+            raise SpecError(f"slots: expected {len(servers)} values, got {all_slots.shape[0]}")
+        if np.any(all_slots < 0):
+            bad = int(np.argmax(all_slots < 0))
+            raise InfeasibleError(f"server {servers[bad].name!r} holds more blocks than its memory allows")
+        hosting = [j for j in range(len(servers)) if placement.num_blocks[j] > 0]
+        idx = np.array(hosting, dtype=np.int64)
+        first = np.array([placement.first_block[j] for j in hosting], dtype=np.int64)
+        end = np.array([placement.end(j) for j in hosting], dtype=np.int64)
+        covered = np.zeros(model.num_blocks + 2, dtype=bool)
+        for a, e in zip(first, end):
+            covered[a:e] = True
+        if not covered[1:model.num_blocks + 1].all():
+            missing = int(np.argmin(covered[1:model.num_blocks + 1])) + 1
+            raise InfeasibleError(f"placement leaves block {missing} of {model.num_blocks} on no server")
+        order = np.argsort(end, kind="mergesort").astype(np.int64)
+        starts = np.zeros(model.num_blocks + 3, dtype=np.int64)
+        for e in end:
+            starts[e + 1] += 1
+        starts = np.cumsum(starts).astype(np.int64)
+        return cls(servers, model, placement, all_slots, idx, first, end, end - first,
+                   np.array([servers[j].tau_c_s for j in hosting], dtype=np.float64),
+                   np.array([servers[j].tau_p_s for j in hosting], dtype=np.float64),
+                   all_slots[idx].copy(), order, starts)
+
+    @property
+    def max_hops(self) -> int:
+        return int(min(self.model.num_blocks, self.index.size))
+
+    def route(self, penalty_s: np.ndarray | None = None, free_at: np.ndarray | None = None,
+              now_s: float = 0.0) -> Route | None:
+        """Min-cost route (server index, blocks) per hop, or None if no path fits; arrays are per local server."""
+        k = self.index.size
+        pen = np.zeros(k) if penalty_s is None else np.ascontiguousarray(penalty_s, dtype=np.float64)
+        use_wait = free_at is not None
+        fa = np.ascontiguousarray(free_at, dtype=np.float64) if use_wait else np.zeros((1, 1))
+        L1 = self.model.num_blocks + 1
+        hs = np.empty(self.max_hops, dtype=np.int64)
+        hb = np.empty(self.max_hops, dtype=np.int64)
+        n = _route_dp_fast(self.first, self.end, self.tau_c, self.tau_p, self.local_slots, self.order, self.starts,
+                           self.model.num_blocks, pen, fa, float(now_s), use_wait, np.empty(L1 + 1),
+                           np.empty(L1 + 1, dtype=np.int64), np.empty(L1 + 1, dtype=np.int64), hs, hb)
+        if n == 0:
+            return None
+        return tuple((int(self.index[hs[h]]), int(hb[h])) for h in range(n))
+
+    def route_time_s(self, route: Route) -> float:
+        """Σ_hops (τc_j + τp_j m_ij): the route's service time for a job of size 1 (eq. 2)."""
+        return float(sum(self.servers[j].tau_c_s + self.servers[j].tau_p_s * m for j, m in route))
+
+
+@dataclass(frozen=True)
+class SystemResult(SimResult):
+    """A :class:`SimResult` plus what routing systems add: the routes used, retries, and cache peaks."""
+
+    routes: tuple[Route, ...] = ()
+    attempts: np.ndarray | None = None  # failed attempts of each kept job (PETALS; zeros for BPRR)
+    slots: tuple[int, ...] = ()
+    peak_slots_used: tuple[int, ...] = ()  # over all jobs, warm-up included
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The chain engine's summary plus retry counts."""
+        out = super().summary()
+        att = self.attempts if self.attempts is not None else np.zeros(0)
+        out["mean_failed_attempts"] = float(att.mean()) if att.size else 0.0
+        out["routes_used"] = len(self.routes)
+        return out
+
+
+def cache_use_peaks(start_s: np.ndarray, end_s: np.ndarray, job_routes: Sequence[Route],
+                    num_servers: int) -> np.ndarray:
+    """Peak slots held at each server over time, from job intervals [start, end) and routes (ends free first)."""
+    srv, t, delta = [], [], []
+    for s, e, r in zip(start_s.tolist(), end_s.tolist(), job_routes):
+        for j, m in r:
+            srv += [j, j]
+            t += [s, e]
+            delta += [m, -m]
+    peaks = np.zeros(num_servers, dtype=np.int64)
+    if not srv:
+        return peaks
+    srv_a, t_a, d_a = np.array(srv), np.array(t), np.array(delta)
+    o = np.lexsort((d_a, t_a, srv_a))  # by server, then time, releases (negative) before takes
+    run = np.cumsum(d_a[o])  # each server's deltas sum to 0, so the global sum restarts per server
+    np.maximum.at(peaks, srv_a[o], run)
+    return peaks
+
+
+def _time_integral(arrival: np.ndarray, end: np.ndarray, t0: float) -> float:
+    """∫_{t0}^{∞} N(t) dt by a sweep over arrival (+1) and departure (−1) events."""
+    times = np.concatenate([arrival, end])
+    delta = np.concatenate([np.ones(arrival.size), -np.ones(end.size)])
+    o = np.lexsort((delta, times))
+    times, n_after = times[o], np.cumsum(delta[o])
+    lo = np.maximum(times[:-1], t0)
+    return float(np.sum(n_after[:-1] * np.clip(times[1:] - lo, 0.0, None)))
+
+
+def _assemble(name: str, graph: RouteGraph, workload: Workload, start: np.ndarray, end: np.ndarray,
+              job_routes: list[Route], attempts: np.ndarray, area_total: float, warmup_jobs: int) -> SystemResult:
+    """Records in the chain engine's dtype; checks every job finished, Little's law and every server's cache."""
+    unfinished = np.flatnonzero(~np.isfinite(end))
+    if unfinished.size:
+        raise SimulationError(f"{name}: {unfinished.size} job(s) never finished (first: job {unfinished[0]})")
+    arrival = workload.arrival_s
+    response = end - arrival
+    response_sum = float(response.sum())
+    if abs(area_total - response_sum) > LITTLE_RTOL * max(response_sum, 1.0):
+        raise SimulationError(f"{name}: Little's law broken: ∫N dt = {area_total!r} but Σ response = {response_sum!r}")
+    peaks = cache_use_peaks(start, end, job_routes, len(graph.servers))
+    over = np.flatnonzero(peaks > graph.slots)
+    if over.size:
+        j = int(over[0])
+        raise SimulationError(f"{name}: server {graph.servers[j].name!r} held {int(peaks[j])} cache slots of "
+                              f"{int(graph.slots[j])}")
+    route_id: dict[Route, int] = {}
+    ids = np.array([route_id.setdefault(r, len(route_id)) for r in job_routes], dtype=np.int32)
+    keep = slice(warmup_jobs, None)
+    rec = np.empty(workload.n_jobs - warmup_jobs, dtype=RECORD_DTYPE)
+    rec["job"] = np.arange(warmup_jobs, workload.n_jobs)
+    rec["arrival_s"] = arrival[keep]
+    rec["start_s"] = start[keep]
+    rec["end_s"] = end[keep]
+    rec["chain"] = ids[keep]
+    rec["waiting_s"] = start[keep] - arrival[keep]
+    rec["service_s"] = end[keep] - start[keep]
+    rec["response_s"] = response[keep]
+    rec["migrations"] = 0
+    t_w = float(arrival[warmup_jobs])
+    area_w = _time_integral(arrival, end, t_w)
+    return SystemResult(name, "system", rec, workload.n_jobs, warmup_jobs, float(area_total), response_sum, t_w,
+                        float(end.max()), area_w, routes=tuple(route_id), attempts=attempts[keep].copy(),
+                        slots=tuple(int(x) for x in graph.slots), peak_slots_used=tuple(int(x) for x in peaks))
+
+
+def _check_inputs(workload: Workload, warmup_jobs: int) -> None:
+    """Raise ValueError for an empty workload or a warm-up outside [0, n)."""
+    if workload.n_jobs < 1:
+        raise ValueError("system simulation: the workload has no jobs")
+    if not 0 <= warmup_jobs < workload.n_jobs:
+        raise ValueError(f"system simulation: warmup_jobs must be in [0, {workload.n_jobs}), got {warmup_jobs}")
+    if workload.service_s is not None:
+        raise ValueError("system simulation: per-chain service-time matrices do not apply to routed systems; "
+                         "give job sizes")
+
+
+def backoff_s(failures: int, min_backoff_s: float = MIN_BACKOFF_S, max_backoff_s: float = MAX_BACKOFF_S) -> float:
+    """PETALS' sleep after the k-th failed attempt: min(min_backoff · 2^(k−1), max_backoff)."""
+    if failures < 1:
+        raise ValueError(f"backoff: failures must be >= 1, got {failures}")
+    return min(min_backoff_s * 2.0 ** (failures - 1), max_backoff_s)
+
+
+def simulate_petals(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0, *,
+                    alloc_delay_s: float = ALLOC_DELAY_S, min_backoff_s: float = MIN_BACKOFF_S,
+                    max_backoff_s: float = MAX_BACKOFF_S) -> SystemResult:
+    """PETALS: per-attempt min-latency routing with the alloc penalty, start if cached everywhere, else back off."""
+    _check_inputs(workload, warmup_jobs)
+    n = workload.n_jobs
+    arrival = workload.arrival_s.tolist()
+    size = workload.size.tolist()
+    free = graph.local_slots.copy()
+    local_of = {int(j): k for k, j in enumerate(graph.index)}
+    span = graph.span
+    start = np.full(n, math.nan)
+    end = np.full(n, math.nan)
+    routes: list[Route | None] = [None] * n
+    failures = np.zeros(n, dtype=np.int64)
+    heap: list[tuple[float, int, int, int]] = []  # (time, kind 0 departure / 2 retry, seq, job)
+    seq = 0
+    i = 0
+    in_sys = 0
+    area = 0.0
+    t_last = 0.0
+    while i < n or heap:
+        if heap and (i >= n or (heap[0][0], heap[0][1]) < (arrival[i], 1)):
+            t, kind, _, job = heapq.heappop(heap)
+        else:
+            t, kind, job = arrival[i], 1, i
+            i += 1
+        if kind != 2:
+            area += in_sys * (t - t_last)
+            t_last = t
+        if kind == 0:  # departure: release the cache at every hop
+            in_sys -= 1
+            for j, m in routes[job]:
+                free[local_of[j]] += m
+            continue
+        if kind == 1:
+            in_sys += 1
+        penalty = np.where(free < span, alloc_delay_s, 0.0)
+        route = graph.route(penalty)
+        if route is None:
+            raise InfeasibleError(f"PETALS: no route through the placement fits job {job}")
+        if all(free[local_of[j]] >= m for j, m in route):
+            for j, m in route:
+                free[local_of[j]] -= m
+                if free[local_of[j]] < 0:  # cannot happen: checked above; kept as the per-event invariant
+                    raise SimulationError(f"PETALS: server {graph.servers[j].name!r} over-committed at t={t}")
+            routes[job] = route
+            start[job] = t
+            end[job] = t_end = t + size[job] * graph.route_time_s(route)
+            heapq.heappush(heap, (t_end, 0, seq, job))
+        else:
+            failures[job] += 1
+            heapq.heappush(heap, (t + backoff_s(int(failures[job]), min_backoff_s, max_backoff_s), 2, seq, job))
+        seq += 1
+    return _assemble("PETALS", graph, workload, start, end, routes, failures, area, warmup_jobs)
+
+
+def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0) -> SystemResult:
+    """BPRR WS-RR: per-request Dijkstra with cache-wait edge costs, committed at arrival (see module docstring)."""
+    _check_inputs(workload, warmup_jobs)
+    n = workload.n_jobs
+    k = graph.index.size
+    width = int(max(graph.local_slots.max(initial=0), 1))
+    free_at = np.full((k, width), np.inf)
+    for q in range(k):
+        free_at[q, : graph.local_slots[q]] = 0.0
+    start = np.full(n, math.nan)
+    end = np.full(n, math.nan)
+    hop_s = np.full((n, graph.max_hops), -1, dtype=np.int64)
+    hop_b = np.zeros((n, graph.max_hops), dtype=np.int64)
+    num_hops = np.zeros(n, dtype=np.int64)
+    bad = _bprr_loop_fast(workload.arrival_s, workload.size, graph.first, graph.end, graph.tau_c, graph.tau_p,
+                          graph.local_slots, graph.order, graph.starts, graph.model.num_blocks, free_at, start, end,
+                          hop_s, hop_b, num_hops)
+    if bad >= 0:
+        raise InfeasibleError(f"BPRR: no route through the placement fits job {bad}")
+    idx = graph.index.tolist()
+    hs, hb, nh = hop_s.tolist(), hop_b.tolist(), num_hops.tolist()
+    routes = [tuple((idx[hs[r][h]], hb[r][h]) for h in range(nh[r])) for r in range(n)]
+    area = _time_integral(workload.arrival_s, end, 0.0)
+    return _assemble("BPRR", graph, workload, start, end, routes, np.zeros(n, dtype=np.int64), area, warmup_jobs)
