@@ -42,8 +42,10 @@ def test_petals_hand_checked_routes_and_backoff():
     assert res.attempts.tolist() == [0, 0, 2]
 
 
-def test_bprr_hand_checked_waiting_aware_routes():
-    res = simulate_bprr(two_server_instance(), three_jobs())
+@pytest.mark.parametrize("estimate", ["exact", "mean"])
+def test_bprr_hand_checked_waiting_aware_routes(estimate):
+    # all sizes are 1 (the mean), so the size-unaware scheduler sees exactly what the oracle sees
+    res = simulate_bprr(two_server_instance(), three_jobs(), estimate=estimate)
     r = res.records
     routes = [res.routes[k] for k in r["chain"]]
     # job 1 at 0.5: A costs 1.5 s wait + 2 s > B's 3 s → B; job 2 at 0.9: A 1.1 + 2 < B 2.6 + 3 → A, from 2.0
@@ -107,9 +109,23 @@ def test_petals_backoff_and_cache_never_overcommitted():
     assert res.littles_law_gap < 1e-9
 
 
-def test_bprr_cache_never_overcommitted_at_high_load():
+def test_bprr_mean_estimates_are_wrong_but_waits_real():
+    # job 0 is 3x the mean: the scheduler believes A frees at 2.0, so job 1 (arriving at 1.2) picks A
+    # (0.8 s believed wait + 2 s < B's 3 s) and really waits until 6.0; the oracle would have taken B.
+    g = two_server_instance()
+    wl = Workload(np.array([0.0, 1.2]), np.array([3.0, 1.0]))
+    mean = simulate_bprr(g, wl, estimate="mean").records
+    exact = simulate_bprr(g, wl, estimate="exact").records
+    assert mean["start_s"].tolist() == pytest.approx([0.0, 6.0]) and mean["chain"].tolist() == [0, 0]
+    assert exact["start_s"].tolist() == pytest.approx([0.0, 1.2]) and exact["chain"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="estimate"):
+        simulate_bprr(g, wl, estimate="psychic")
+
+
+@pytest.mark.parametrize("method", ["bprr", "bprr_oracle"])
+def test_bprr_cache_never_overcommitted_at_high_load(method):
     servers, wl = high_load_graphs()
-    system = build_system("bprr", servers, model(), 1.5)
+    system = build_system(method, servers, model(), 1.5)
     res = simulate_system(system, wl)
     r = res.records
     assert (r["waiting_s"] > 1.0).mean() > 0.5
@@ -129,7 +145,7 @@ def test_cache_peaks_count_overlaps_and_release_first():
 
 def test_proposed_beats_petals_and_bprr_at_default_setting():
     rng = np.random.default_rng(2024)
-    means = {"proposed": [], "petals": [], "bprr": []}
+    means = {"proposed": [], "petals": [], "bprr": [], "bprr_oracle": []}
     for _ in range(3):
         servers = draw_cluster(20, 0.2, rng)
         wl = poisson_workload(0.2, 1500, rng)
@@ -140,6 +156,7 @@ def test_proposed_beats_petals_and_bprr_at_default_setting():
     prop = np.mean(means["proposed"])
     assert prop < np.mean(means["petals"])
     assert prop < np.mean(means["bprr"])
+    assert prop < np.mean(means["bprr_oracle"])
 
 
 def test_whole_systems_infeasible_and_bad_input():

@@ -23,10 +23,11 @@ from petals_chain.sim.systems import LABELS, METHODS, build_system, simulate_sys
 from petals_chain.sim.workloads import poisson_workload
 
 FULL = {"Js": (10, 20, 30, 40), "etas": (0.1, 0.2, 0.3, 0.4), "runs": 20, "n_jobs": 5000}
-QUICK = {"Js": (10, 20, 40), "etas": (0.1, 0.2, 0.4), "runs": 3, "n_jobs": 1500}
+QUICK = {"Js": (10, 20, 40), "etas": (0.1, 0.2, 0.4), "runs": 5, "n_jobs": 2000}
 WARMUP_FRACTION = 0.1
 OVERLOAD_RATIO = 0.9  # a run whose completions fall below 90 % of its arrival rate is flagged overloaded
 PAPER_REDUCTION = (8.0, 83.0)
+BASELINES = ("petals", "bprr", "bprr_oracle", "jffc_only")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def reductions(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ..
     for J, eta in settings:
         mine = [r for r in rows if r["J"] == J and r["eta"] == eta]
         row: dict[str, Any] = {"J": J, "eta": eta}
-        for base in ("petals", "bprr", "jffc_only"):
+        for base in BASELINES:
             pairs = [(r["proposed_mean_response_s"], r[f"{base}_mean_response_s"]) for r in mine
                      if r["proposed_status"] != "infeasible" and r[f"{base}_status"] != "infeasible"]
             if pairs:
@@ -108,12 +109,17 @@ def reductions(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ..
 
 
 def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...], runs: int, path) -> None:
-    """One panel per J: grouped bars over η, one bar per method (95 % CI whiskers), log-scale seconds."""
+    """One panel per J: grouped bars over η, one per method (95 % CI whiskers); bars far above the proposed
+    scheme's (an overloaded PETALS) are cut at the top of the axis and labelled with their value."""
     pyplot = plt()
     shown = [m for m in METHODS if any(r["method"] == m and r["feasible_runs"] for r in agg)]
-    fig, axes = pyplot.subplots(1, len(Js), figsize=(3.3 * len(Js) + 1, 3.9), sharey=True, squeeze=False)
+    never = [m for m in METHODS if m not in shown]
+    fig, axes = pyplot.subplots(1, len(Js), figsize=(3.4 * len(Js) + 1, 4.0), sharey=True, squeeze=False)
     width = 0.8 / max(len(shown), 1)
-    colors = {"proposed": "tab:green", "jffc_only": "tab:purple", "petals": "tab:red", "bprr": "tab:blue"}
+    colors = {"proposed": "tab:green", "jffc_only": "tab:purple", "petals": "tab:red", "bprr": "tab:blue",
+              "bprr_oracle": "lightsteelblue"}
+    prop = [r["mean_response_s"] for r in agg if r["method"] == "proposed" and r["feasible_runs"]]
+    cap = 2.0 * max(prop) if prop else None
     for ax, J in zip(axes[0], Js):
         for k, method in enumerate(shown):
             xs, ys, es = [], [], []
@@ -121,23 +127,34 @@ def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...]
                 r = next(r for r in agg if r["J"] == J and r["eta"] == eta and r["method"] == method)
                 x = i + (k - (len(shown) - 1) / 2) * width
                 if r["feasible_runs"] == 0:
-                    ax.text(x, 0.02, "×", transform=ax.get_xaxis_transform(), ha="center", color=colors[method])
+                    ax.text(x, 0.01, "×", transform=ax.get_xaxis_transform(), ha="center", color=colors[method])
+                    continue
+                y, e = r["mean_response_s"], (0.0 if math.isnan(r["ci95_half_s"]) else r["ci95_half_s"])
+                if cap is not None and y > cap:
+                    ax.bar(x, cap, width, color=colors[method], hatch="//", edgecolor="white")
+                    ax.text(x, 0.97 * cap, f"{y:.0f} s", rotation=90, ha="center", va="top", fontsize=7, color="white")
                     continue
                 xs.append(x)
-                ys.append(r["mean_response_s"])
-                es.append(0.0 if math.isnan(r["ci95_half_s"]) else r["ci95_half_s"])
-            ax.bar(xs, ys, width, yerr=es, capsize=2, color=colors[method], label=LABELS[method])
+                ys.append(y)
+                es.append(e)
+            ax.bar(xs, ys, width, yerr=es, capsize=2, color=colors[method])
         ax.set_xticks(range(len(etas)))
         ax.set_xticklabels([f"{e:g}" for e in etas])
         ax.set_xlabel("η (fraction of high-end servers)")
         ax.set_title(f"J = {J} servers")
-        ax.set_yscale("log")
-    axes[0][0].set_ylabel("mean response time (s, log scale)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(shown), frameon=False)
-    fig.suptitle(f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per bar (× = infeasible)", y=0.06,
-                 fontsize=9)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.92))
+        if cap is not None:
+            ax.set_ylim(0, cap)
+    axes[0][0].set_ylabel("mean response time (s)")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colors[m], label=LABELS[m]) for m in shown]
+    fig.legend(handles=handles, loc="upper center", ncol=len(shown), frameon=False)
+    note = f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per bar, whiskers 95 % CI; × infeasible; " \
+           "hatched: cut, value written"
+    if never:
+        note += "; infeasible everywhere: " + ", ".join(LABELS[m] for m in never)
+    fig.text(0.5, 0.01, note, ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
     fig.savefig(path)
     pyplot.close(fig)
 
@@ -160,13 +177,15 @@ def run(args) -> Summary:
     write_csv(args.out / "fig8_reductions.csv", red)
     plot(agg, cfg["Js"], cfg["etas"], cfg["runs"], args.out / "fig8.png")
     lines = [f"{cfg['runs']} runs × {cfg['n_jobs']} jobs ({int(WARMUP_FRACTION * 100)} % warm-up) per setting; "
-             "% reduction of the proposed mean response time vs PETALS / vs BPRR (paired runs):"]
+             "% reduction of the proposed mean response time vs PETALS / vs BPRR / vs BPRR told exact sizes "
+             "(paired runs):"]
     for J in cfg["Js"]:
         cells = []
         for r in (r for r in red if r["J"] == J):
-            cells.append(f"η={r['eta']:g}: {_fmt(r['vs_petals_pct'])} / {_fmt(r['vs_bprr_pct'])}")
+            cells.append(f"η={r['eta']:g}: {_fmt(r['vs_petals_pct'])} / {_fmt(r['vs_bprr_pct'])} / "
+                         f"{_fmt(r['vs_bprr_oracle_pct'])}")
         lines.append(f"J={J}: " + "; ".join(cells))
-    for base in ("petals", "bprr"):
+    for base in ("petals", "bprr", "bprr_oracle"):
         vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
         if vals:
             lines.append(f"range vs {LABELS[base]}: {min(vals):.0f}% .. {max(vals):.0f}%")

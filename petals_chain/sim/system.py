@@ -39,6 +39,10 @@ BPRR WS-RR (:func:`simulate_bprr`), after Sun et al. (Performance Evaluation 202
     fit) and sets them to its end time. Committed slots are never lent to later
     requests in the meantime (no backfilling), so requests start in commit order
     per slot and nothing is ever over-committed.
+  * ``estimate="mean"`` drops the size oracle: the scheduler believes every job
+    has the mean size (it learns real starts and ends as they happen), and a
+    committed request really starts when it heads the FIFO of committed
+    requests at each of its servers and each has its m_ij slots free.
 
 Both simulators record the same per-job records as the chain engine
 (:data:`~petals_chain.sim.engine.RECORD_DTYPE`; ``chain`` is the index of the
@@ -412,9 +416,22 @@ def simulate_petals(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0,
     return _assemble("PETALS", graph, workload, start, end, routes, failures, area, warmup_jobs)
 
 
-def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0) -> SystemResult:
-    """BPRR WS-RR: per-request Dijkstra with cache-wait edge costs, committed at arrival (see module docstring)."""
+BPRR_ESTIMATES = ("exact", "mean")
+
+
+def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0, *,
+                  estimate: str = "exact") -> SystemResult:
+    """BPRR WS-RR: per-request Dijkstra with cache-wait edge costs, committed at arrival (see module docstring).
+
+    ``estimate="exact"``: the scheduler knows every job's size (calendar model);
+    ``"mean"``: it knows starts and completions but assumes every job has the mean
+    size (:func:`_simulate_bprr_mean`).
+    """
     _check_inputs(workload, warmup_jobs)
+    if estimate not in BPRR_ESTIMATES:
+        raise ValueError(f"simulate_bprr: estimate must be one of {BPRR_ESTIMATES}, got {estimate!r}")
+    if estimate == "mean":
+        return _simulate_bprr_mean(graph, workload, warmup_jobs)
     n = workload.n_jobs
     k = graph.index.size
     width = int(max(graph.local_slots.max(initial=0), 1))
@@ -436,3 +453,100 @@ def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0) -
     routes = [tuple((idx[hs[r][h]], hb[r][h]) for h in range(nh[r])) for r in range(n)]
     area = _time_integral(workload.arrival_s, end, 0.0)
     return _assemble("BPRR", graph, workload, start, end, routes, np.zeros(n, dtype=np.int64), area, warmup_jobs)
+
+
+def _simulate_bprr_mean(graph: RouteGraph, workload: Workload, warmup_jobs: int) -> SystemResult:
+    """WS-RR when sizes are unknown: waits are estimated with mean-size end times; reality may differ.
+
+    The scheduler keeps a believed calendar per slot (free time = believed end of
+    the job last committed to it: start + route time for a size-1 job; set to the
+    real start + route time when the job starts and to the real end when it ends).
+    Routing and the believed start use that calendar exactly as in the exact
+    model. In reality a committed job waits in a FIFO at each of its servers (in
+    commit order) and starts once it heads every one of them and each has m_ij
+    free slots; its cache is taken only then (no holding while waiting).
+    """
+    n = workload.n_jobs
+    arrival = workload.arrival_s.tolist()
+    size = workload.size.tolist()
+    k = graph.index.size
+    width = int(max(graph.local_slots.max(initial=0), 1))
+    belief = np.full((k, width), np.inf)
+    owner = np.full((k, width), -1, dtype=np.int64)
+    for q in range(k):
+        belief[q, : graph.local_slots[q]] = 0.0
+    free = graph.local_slots.copy()
+    start = np.full(n, math.nan)
+    end = np.full(n, math.nan)
+    hops_local: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    slot_idx: list[list[np.ndarray]] = [[] for _ in range(n)]
+    t_route = [0.0] * n
+    waiting: list[int] = []  # committed, not started, in commit order
+    heap: list[tuple[float, int, int]] = []  # (end time, seq, job)
+    L1 = graph.model.num_blocks + 1
+    dist, bs, bp = np.empty(L1 + 1), np.empty(L1 + 1, dtype=np.int64), np.empty(L1 + 1, dtype=np.int64)
+    hs, hb = np.empty(graph.max_hops, dtype=np.int64), np.empty(graph.max_hops, dtype=np.int64)
+    penalty = np.zeros(k)
+    seq, i, in_sys, area, t_last = 0, 0, 0, 0.0, 0.0
+
+    def set_belief(job: int, value: float) -> None:
+        for (q, _), idx in zip(hops_local[job], slot_idx[job]):
+            mine = owner[q, idx] == job
+            belief[q, idx[mine]] = value
+
+    def try_start(now: float) -> None:
+        nonlocal seq
+        blocked: set[int] = set()
+        still: list[int] = []
+        for job in waiting:
+            hops = hops_local[job]
+            if any(q in blocked or free[q] < m for q, m in hops):
+                blocked.update(q for q, _ in hops)
+                still.append(job)
+                continue
+            for q, m in hops:
+                free[q] -= m
+            start[job] = now
+            end[job] = t_end = now + size[job] * t_route[job]
+            set_belief(job, now + t_route[job])
+            heapq.heappush(heap, (t_end, seq, job))
+            seq += 1
+        waiting[:] = still
+
+    while i < n or heap:
+        if heap and (i >= n or heap[0][0] <= arrival[i]):
+            t, _, job = heapq.heappop(heap)
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys -= 1
+            for q, m in hops_local[job]:
+                free[q] += m
+            set_belief(job, t)
+            try_start(t)
+            continue
+        t, job = arrival[i], i
+        i += 1
+        area += in_sys * (t - t_last)
+        t_last = t
+        in_sys += 1
+        sorted_belief = np.sort(belief, axis=1)
+        nh = _route_dp_fast(graph.first, graph.end, graph.tau_c, graph.tau_p, graph.local_slots, graph.order,
+                            graph.starts, graph.model.num_blocks, penalty, sorted_belief, t, True, dist, bs, bp, hs, hb)
+        if nh == 0:
+            raise InfeasibleError(f"BPRR: no route through the placement fits job {job}")
+        hops = [(int(hs[h]), int(hb[h])) for h in range(nh)]
+        s_believed = max([t] + [float(sorted_belief[q, m - 1]) for q, m in hops])
+        t_route[job] = sum(graph.tau_c[q] + graph.tau_p[q] * m for q, m in hops)
+        for q, m in hops:  # best fit: the m slots believed free latest but by s_believed
+            row = belief[q, : graph.local_slots[q]]
+            ok = np.flatnonzero(row <= s_believed)
+            idx = ok[np.argsort(row[ok], kind="stable")[-m:]]
+            belief[q, idx] = s_believed + t_route[job]
+            owner[q, idx] = job
+            slot_idx[job].append(idx)
+        hops_local[job] = hops
+        waiting.append(job)
+        try_start(t)
+    idx_map = graph.index.tolist()
+    routes = [tuple((idx_map[q], m) for q, m in hops_local[r]) for r in range(n)]
+    return _assemble("BPRR-mean", graph, workload, start, end, routes, np.zeros(n, dtype=np.int64), area, warmup_jobs)

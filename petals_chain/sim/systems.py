@@ -3,7 +3,8 @@
 ``proposed``: GBP-CR(c*) + GCA with c* tuned by the Theorem 3.7 lower bound, JFFC dispatch.
 ``jffc_only``: every server that holds all L blocks is a one-server chain, JFFC dispatch.
 ``petals``: PETALS' block selection and its per-request routing with backoff (:mod:`.system`).
-``bprr``: CG-BP placement for R = min(round(λT₁ + √(λT₁)), R_max) and WS-RR routing (:mod:`.system`).
+``bprr``: CG-BP placement for R = min(round(λT₁ + √(λT₁)), R_max) and WS-RR routing (:mod:`.system`),
+the scheduler estimating waits with mean job sizes; ``bprr_oracle``: the same, told every job's exact size.
 
 Each method is one function ``f(servers, model, arrival_rate, workload, *, warmup_jobs, target_load)
 -> SimResult``; :func:`build_system` + :func:`simulate_system` split building from simulating.
@@ -26,9 +27,9 @@ from petals_chain.sim.engine import SimResult, simulate
 from petals_chain.sim.system import RouteGraph, simulate_bprr, simulate_petals
 from petals_chain.sim.workloads import Workload
 
-METHODS: tuple[str, ...] = ("proposed", "jffc_only", "petals", "bprr")
+METHODS: tuple[str, ...] = ("proposed", "jffc_only", "petals", "bprr", "bprr_oracle")
 LABELS: dict[str, str] = {"proposed": "proposed (GBP-CR + GCA + JFFC)", "jffc_only": "JFFC only",
-                          "petals": "PETALS", "bprr": "BPRR"}
+                          "petals": "PETALS", "bprr": "BPRR", "bprr_oracle": "BPRR (exact sizes)"}
 PETALS_CACHE_MODES = ("attn", "memory")
 
 
@@ -86,7 +87,8 @@ def build_system(method: str, servers: Sequence[ServerSpec], model: ModelSpec, a
     r = bprr_concurrency(servers, model, arrival_rate)
     placement = cg_bp(servers, model, r)
     graph = RouteGraph.build(servers, model, placement)
-    return System(method, placement, graph=graph, info={"R": r, "slots": int(graph.slots.sum())})
+    estimate = "exact" if method == "bprr_oracle" else "mean"
+    return System(method, placement, graph=graph, info={"R": r, "slots": int(graph.slots.sum()), "estimate": estimate})
 
 
 def simulate_system(system: System, workload: Workload, warmup_jobs: int = 0) -> SimResult:
@@ -96,7 +98,7 @@ def simulate_system(system: System, workload: Workload, warmup_jobs: int = 0) ->
                         "JFFC", warmup_jobs=warmup_jobs)
     if system.method == "petals":
         return simulate_petals(system.graph, workload, warmup_jobs)
-    return simulate_bprr(system.graph, workload, warmup_jobs)
+    return simulate_bprr(system.graph, workload, warmup_jobs, estimate=system.info.get("estimate", "mean"))
 
 
 def run_method(method: str, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
@@ -128,10 +130,17 @@ def petals(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
 
 def bprr(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
          warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
-    """BPRR: CG-BP(R) placement + WS-RR routing."""
+    """BPRR: CG-BP(R) placement + WS-RR routing with mean-size wait estimates."""
     return run_method("bprr", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
 
 
+def bprr_oracle(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
+                warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+    """BPRR with WS-RR told every job's exact size (an optimistic bound on BPRR)."""
+    return run_method("bprr_oracle", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
+                      target_load=target_load)
+
+
 RUNNERS: dict[str, Callable[..., SimResult]] = {"proposed": proposed, "jffc_only": jffc_only, "petals": petals,
-                                                "bprr": bprr}
+                                                "bprr": bprr, "bprr_oracle": bprr_oracle}
