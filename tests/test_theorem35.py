@@ -75,7 +75,8 @@ def _replay(servers, model, placement, rng, steps=400):
             return f"step {step}: in service JFFC={sorted(on_chain)} JFFS={sorted(jffs.where)}"
         for j, k in on_chain.items():
             if abs(chains[k].service_time_s - jffs.where[j].service_time_s) > 1e-9:
-                return f"step {step}: job {j} service time JFFC={chains[k].service_time_s} JFFS={jffs.where[j].service_time_s}"
+                return (f"step {step}: job {j} service time JFFC={chains[k].service_time_s} "
+                        f"JFFS={jffs.where[j].service_time_s}")
         if jffc.queue_length() != len(jffs.queue):
             return f"step {step}: queue JFFC={jffc.queue_length()} JFFS={len(jffs.queue)}"
     return None

@@ -54,7 +54,8 @@ def run(argv: list[str] | None = None) -> int:
     warm = bench_servers(20, args.eta, rng)
     gca(warm, BLOOM, gbp_cr(warm, BLOOM, args.c, 0.2))  # compile the numba kernel outside the timings
     print(f"L={BLOOM.num_blocks}, eta={args.eta}, lambda={args.rate_per_server}*J, c={args.c} for single runs")
-    print(f"{'J':>6} {'c_max':>6} {'GBP-CR ms':>10} {'GCA ms':>9} {'chains':>7} {'sweep s':>8} {'c*':>4} {'lower s':>8}")
+    print(f"{'J':>6} {'c_max':>6} {'GBP-CR ms':>10} {'GCA ms':>9} {'chains':>7} {'sweep s':>8} {'c*':>4} "
+          f"{'lower s':>8}")
     for J in args.sizes:
         servers = bench_servers(J, args.eta, rng)
         lam = args.rate_per_server * J

@@ -9,7 +9,9 @@ from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec
 _TOLERANCE_BYTES = 1.0  # float slack, far below one block or cache slot
 
 
-def memory_use(servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement, chains: Sequence[Chain]) -> list[float]:
+def memory_use(
+    servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement, chains: Sequence[Chain]
+) -> list[float]:
     """Bytes each server needs: s_m m_j + s_c Σ_k m_kj c_k."""
     use = [model.block_bytes * m for m in placement.num_blocks]
     for ch in chains:
@@ -35,7 +37,11 @@ def memory_violations(
     servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement, chains: Sequence[Chain]
 ) -> list[str]:
     """Every way the composition breaks the model: bad hops, or servers over their memory M_j."""
-    problems = [f"chain {k}: {why}" for k, ch in enumerate(chains) if (why := chain_matches_placement(ch, placement, model.num_blocks))]
+    problems = [
+        f"chain {k}: {why}"
+        for k, ch in enumerate(chains)
+        if (why := chain_matches_placement(ch, placement, model.num_blocks))
+    ]
     for j, (s, used) in enumerate(zip(servers, memory_use(servers, model, placement, chains))):
         if used > s.memory_bytes + _TOLERANCE_BYTES:
             problems.append(f"server {s.name!r} needs {used / 1e9:.4g} GB but has {s.memory_bytes / 1e9:.4g} GB")

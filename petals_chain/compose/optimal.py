@@ -15,7 +15,9 @@ from petals_chain.compose.gca import chain_service_time
 from petals_chain.model import Chain, InfeasibleError, ModelSpec, Placement, ServerSpec
 
 
-def enumerate_chains(servers: Sequence[ServerSpec], placement: Placement, model: ModelSpec, limit: int = 100_000) -> list[Chain]:
+def enumerate_chains(
+    servers: Sequence[ServerSpec], placement: Placement, model: ModelSpec, limit: int = 100_000
+) -> list[Chain]:
     """Every j0 → j_end path of the placement's feasible-edge DAG, capacity 0 (depth-first)."""
     L = model.num_blocks
     by_start: dict[int, list[int]] = {}
@@ -65,11 +67,16 @@ def optimal_cache_allocation(
         for j, b in zip(ch.servers, ch.blocks):
             A[j, k] += b
     rates = np.array([ch.rate_per_s for ch in chains])
-    constraints = [LinearConstraint(A, -np.inf, np.array(slots, dtype=float)), LinearConstraint(rates[None, :], required_rate, np.inf)]
+    constraints = [
+        LinearConstraint(A, -np.inf, np.array(slots, dtype=float)),
+        LinearConstraint(rates[None, :], required_rate, np.inf),
+    ]
     res = milp(np.ones(len(chains)), constraints=constraints, integrality=np.ones(len(chains)),
                bounds=Bounds(0, np.inf))
     if res.status != 0 or res.x is None:
-        raise InfeasibleError(f"optimal cache allocation: no allocation reaches rate {required_rate:.4g}/s ({res.message})")
+        raise InfeasibleError(
+            f"optimal cache allocation: no allocation reaches rate {required_rate:.4g}/s ({res.message})"
+        )
     caps = np.round(res.x).astype(int)
     picked = tuple(
         Chain(ch.servers, ch.blocks, int(c), ch.service_time_s) for ch, c in zip(chains, caps) if c > 0
