@@ -34,14 +34,9 @@ class LaunchError(RuntimeError):
 
 
 def host_addresses() -> list[str]:
-    """IPv4 addresses (with prefix) configured in the root namespace, except on our own veth ends."""
+    """IPv4 addresses (with prefix) configured in the root namespace (other launches' veth ends included)."""
     out = run(["ip", "-o", "-4", "addr", "show"], check=False).stdout
-    found = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "inet" and not parts[1].startswith(f"{state.PREFIX}-"):
-            found.append(parts[3])
-    return found
+    return [parts[3] for line in out.splitlines() if len(parts := line.split()) >= 4 and parts[2] == "inet"]
 
 
 def _child_env(tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -109,7 +104,8 @@ class Launch:
         clash = netns.host_conflicts(self.testbed.subnet, host_addresses())
         if clash:
             raise LaunchError(f"network.subnet {self.testbed.subnet} overlaps addresses already on this host "
-                              f"({', '.join(clash)}); choose another subnet in the testbed file")
+                              f"({', '.join(clash)}): another launch is using it (or crashed: python -m "
+                              f"petals_chain.launch --teardown), or choose another subnet in the testbed file")
         method = self.detect()
         self.log(f"delay method: {method} ({self.probe.detail})")
         self.endpoints = netns.plan_endpoints(self.testbed, rec.tag, method)

@@ -261,7 +261,9 @@ def _own(tag: str) -> tuple[list[str], list[str]]:
 def teardown_record(rec: Record, mig_teardown: MigTeardown | None = None) -> list[str]:
     """Undo everything a record lists (processes, MIG instances, links, namespaces); delete the record if clean."""
     problems = []
-    kill_groups(set(rec.pgids))
+    # Servers first (a MIG instance in use cannot be destroyed). Only groups that still hold a process carrying
+    # our tag: a recorded PGID whose processes are gone may have been reused by someone else's.
+    kill_groups(tagged_pgids(rec.tag))
     if rec.mig and mig_teardown is not None:
         problems += mig_teardown(rec.mig)
     ns, links = _own(rec.tag)
