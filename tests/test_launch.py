@@ -12,6 +12,7 @@ import ipaddress
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ def logged(log: Path) -> list[list[str]]:
 def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Make the stand-in nvidia-smi replay a recorded scenario: returns scenario -> (NvidiaSmi, env for PATH, log)."""
     def use(scenario: str) -> tuple[mig.NvidiaSmi, dict[str, str], Path]:
+        """Select the scenario; its log file records every call."""
         log = tmp_path / f"nvsmi-{scenario}.log"
         monkeypatch.setenv("NVSMI_SCENARIO", str(FIXTURES / scenario))
         monkeypatch.setenv("NVSMI_LOG", str(log))
@@ -223,6 +225,28 @@ def test_explicit_and_uniform_rtts_and_placeholders(tmp_path: Path) -> None:
         parse_testbed(cpu_doc(trace={"path": "${NOPE_NOT_SET}/x.csv"}), base=tmp_path)
 
 
+def test_endpoints_netem_commands_and_expected_rtts(tmp_path: Path) -> None:
+    tb = parse_testbed(cpu_doc(latency={"rtt_ms": {"a": 24.78, "b": 0}}, network={"subnet": "10.9.8.0/24"}),
+                       base=tmp_path)
+    eps = netns.plan_endpoints(tb, "abc", "netem")
+    assert [(e.gateway, e.address, e.listen_host) for e in eps] == [
+        ("10.9.8.5", "10.9.8.6", "10.9.8.6"), ("10.9.8.9", "10.9.8.10", "10.9.8.10")]
+    assert latency.netem_commands(eps[0]) == [
+        ["tc", "qdisc", "replace", "dev", "pcl-abc-r0", "root", "netem", "delay", "12390us"],
+        ["ip", "netns", "exec", "pcl-abc-0", "tc", "qdisc", "replace", "dev", "pcl-abc-n0", "root", "netem", "delay",
+         "12390us"]]
+    assert latency.netem_commands(eps[1]) == []  # RTT 0: no qdisc at all
+    assert latency.expected_rtt_s(eps[0]) == pytest.approx(0.02478)
+    assert latency.expected_rtt_s(eps[1], eps[0]) == pytest.approx(0.02478)  # netem: both pairs on the path
+    relay = netns.plan_endpoints(tb, "abc", "relay")
+    assert relay[0].listen_host == netns.LOOPBACK and latency.expected_rtt_s(relay[1], relay[0]) == 0.0
+    assert latency.relay_args(relay[0]) == ["--listen", "10.9.8.6:31337", "--target", "127.0.0.1:31337",
+                                            "--delay-ms", "12.390000"]
+    assert max(len(state.root_link("2hzb4z", 999)), len(state.ns_link("2hzb4z", 999))) <= 15  # Linux IFNAMSIZ - 1
+    with pytest.raises(ValueError, match="no /30 left"):
+        netns.pair_addresses(tb.subnet, 63)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # MIG against recorded nvidia-smi output
 # ---------------------------------------------------------------------------------------------------------------
@@ -306,8 +330,13 @@ def test_gpu_with_foreign_instances_is_refused(stand_in) -> None:
 def test_without_a_mig_gpu_the_plan_is_printed_and_apply_refused(tmp_path: Path, stand_in,
                                                                   scenario: str | None, reason: str) -> None:
     log = tmp_path / "none.log"
-    if scenario is None:
-        env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    if scenario is None:  # a PATH with the network tools but certainly no nvidia-smi
+        tools = tmp_path / "bin"
+        tools.mkdir()
+        for tool in ("ip", "tc", "sysctl"):
+            if shutil.which(tool):
+                (tools / tool).symlink_to(shutil.which(tool))
+        env = {**os.environ, "PATH": str(tools)}
     else:
         _, env, log = stand_in(scenario)
     env["PETALS_CHAIN_LAUNCH_STATE"] = str(tmp_path / "state")
@@ -335,6 +364,7 @@ def test_bad_testbed_starts_nothing(tmp_path: Path) -> None:
 # namespaces, delays, teardown (root)
 # ---------------------------------------------------------------------------------------------------------------
 def _netns_works() -> bool:
+    """Whether this process may create network namespaces (root on a kernel that has them)."""
     if os.geteuid() != 0:
         return False
     name = f"pcltest{os.getpid()}"
@@ -365,6 +395,7 @@ def leftovers(tag: str) -> dict[str, list]:
 
 
 def _alive_groups(pgids: list[int]) -> list[int]:
+    """The process groups of ``pgids`` that still exist."""
     alive = []
     for g in pgids:
         try:

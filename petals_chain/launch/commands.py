@@ -11,6 +11,7 @@ class CommandError(RuntimeError):
     """A system command exited non-zero (or could not be run); the message shows the command and its stderr."""
 
     def __init__(self, argv: Sequence[str], returncode: int, output: str) -> None:
+        """Keep the command, its exit status and output for callers that inspect them."""
         self.argv = list(argv)
         self.returncode = returncode
         self.output = output

@@ -53,6 +53,7 @@ class Launch:
 
     def __init__(self, testbed: Testbed, *, method: str | None = None, smi: mig.NvidiaSmi | None = None,
                  python: str = sys.executable, log: Callable[[str], None] = print, keep: bool = False) -> None:
+        """Nothing is created until ``detect()`` or ``up()``; ``method`` overrides the file's latency.method."""
         self.testbed = testbed
         self.requested = method or testbed.delay_method
         self.smi = smi or mig.NvidiaSmi()
@@ -87,6 +88,7 @@ class Launch:
 
     @property
     def tag(self) -> str:
+        """This launch's tag (creates the state record on first use)."""
         return self._ensure_record().tag
 
     def detect(self) -> str:
@@ -138,10 +140,12 @@ class Launch:
             self.record.save()
 
             def enabled(entry: dict = entry) -> None:
+                """Record that we turned MIG on (so teardown turns it off)."""
                 entry["enabled_mig"] = True
                 self.record.save()
 
             def created(gis: list[int], entry: dict = entry) -> None:
+                """Record the GPU instances we made (so teardown destroys exactly those)."""
                 entry["gis"] = list(gis)
                 self.record.save()
 
@@ -181,9 +185,11 @@ class Launch:
         return tag
 
     def __enter__(self) -> Launch:
+        """Use as ``with Launch(tb) as launch: launch.up(); ...``."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Tear down, reporting what could not be removed."""
         problems = self.down()
         for p in problems:
             self.log(f"teardown: {p}")

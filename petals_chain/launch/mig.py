@@ -154,6 +154,7 @@ class NvidiaSmi:
     """Runs ``nvidia-smi`` (the one on PATH unless given) and returns its stdout; MigError on failure."""
 
     def __init__(self, executable: str | None = None) -> None:
+        """Use ``executable``, else whatever ``nvidia-smi`` is on PATH (None: not installed)."""
         self.executable = executable or shutil.which("nvidia-smi")
 
     @property
@@ -162,6 +163,7 @@ class NvidiaSmi:
         return self.executable is not None
 
     def __call__(self, args: list[str], *, check: bool = True) -> str:
+        """Run ``nvidia-smi ARGS``; its output (stderr appended when it failed and ``check`` is off)."""
         if self.executable is None:
             raise MigError("nvidia-smi not found on PATH")
         try:

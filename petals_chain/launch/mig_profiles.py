@@ -150,6 +150,7 @@ def place(prod: GpuProduct, names: Sequence[str]) -> tuple[int, ...]:
     used = [False] * MEMORY_SLICES
 
     def search(k: int) -> bool:
+        """Place profiles order[k:] on the free slices (backtracking)."""
         if k == len(order):
             return True
         i = order[k]

@@ -8,6 +8,7 @@ from petals_chain.launch.testbed import Testbed
 
 
 def _servers(tb: Testbed) -> list[str]:
+    """One line per server: where it runs, its memory (and how many blocks that is), speed and RTT."""
     lines = [f"  {'name':<8} {'where':<28} {'memory':>10} {'blocks fit':>10} {'speed':>6} {'RTT':>9}"]
     for s in tb.servers:
         where = f"GPU {s.gpu_index} MIG {s.profile} @slice {s.placement}" if s.kind == "mig" else "CPU process"

@@ -47,6 +47,7 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> threading.T
     ready = threading.Condition()
 
     def reader() -> None:
+        """Read chunks as they come and queue them with their due time (EOF too)."""
         while True:
             try:
                 data = src.recv(CHUNK_BYTES)
@@ -59,6 +60,7 @@ def _pipe(src: socket.socket, dst: socket.socket, delay_s: float) -> threading.T
                 return
 
     def writer() -> None:
+        """Send each queued chunk at its due time; pass EOF on as a half-close."""
         while True:
             with ready:
                 while not queue:

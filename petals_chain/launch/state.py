@@ -38,6 +38,7 @@ def state_dir() -> Path:
 
 
 def _base36(n: int) -> str:
+    """``n`` in base 36 (short tags keep interface names under Linux's 15 characters)."""
     digits = "0123456789abcdefghijklmnopqrstuvwxyz"
     out = ""
     while True:
@@ -85,6 +86,7 @@ class Record:
 
     @property
     def path(self) -> Path:
+        """The record's file."""
         return state_dir() / f"{self.tag}.json"
 
     def save(self) -> None:
@@ -213,6 +215,7 @@ def kill_groups(pgids: set[int], grace_s: float = 3.0) -> None:
 
 
 def _ns_pids(ns: str) -> set[int]:
+    """PIDs of the processes inside namespace ``ns``."""
     out = run(["ip", "netns", "pids", ns], check=False).stdout
     return {int(x) for x in out.split() if x.isdigit()}
 

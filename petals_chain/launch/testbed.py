@@ -200,6 +200,7 @@ def resolve_path(where: str, value: Any, base: Path) -> Path:
         raise TestbedError(f"{where}: expected a path string, got {value!r}")
 
     def sub(m: re.Match) -> str:
+        """The value of one ``${VAR}``."""
         var = m.group(1)
         if var == "DATA":
             return str(network.data_dir())
@@ -214,6 +215,7 @@ def resolve_path(where: str, value: Any, base: Path) -> Path:
 
 
 def _model(where: str, raw: Any, base: Path) -> tuple[ModelSpec, Path | None]:
+    """Parse ``model``: the ModelSpec and the optional checkpoint directory."""
     m = _mapping(where, raw, ("name", "path", "blocks", "block_size", "cache_size"),
                  ("name", "blocks", "block_size", "cache_size"))
     name = m["name"]
@@ -321,6 +323,7 @@ def _latency(where: str, raw: Any, names: list[str], base: Path) -> tuple[list[f
 
 
 def _trace(where: str, raw: Any, base: Path) -> TraceSpec:
+    """Parse ``trace``: the file must exist and have the Azure trace columns."""
     t = _mapping(where, raw, ("path", "requests"), ("path",))
     path = resolve_path(f"{where}.path", t["path"], base)
     if not path.is_file():
@@ -335,6 +338,7 @@ def _trace(where: str, raw: Any, base: Path) -> TraceSpec:
 
 
 def _network(where: str, raw: Any, n_servers: int) -> tuple[ipaddress.IPv4Network, int]:
+    """Parse ``network``: a private subnet with a /30 per server, and the servers' port."""
     nw = _mapping(where, raw if raw is not None else {}, ("subnet", "port"))
     try:
         subnet = ipaddress.IPv4Network(str(nw.get("subnet", DEFAULT_SUBNET)), strict=True)
