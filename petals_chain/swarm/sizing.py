@@ -1,0 +1,153 @@
+"""The §2.1 memory model of a real checkpoint: s_m, s_c, cache slots, and a measured τp.
+
+A PETALS server and the orchestrator must agree on ``s_m`` (bytes of one block's
+parameters in the serving dtype) and ``s_c`` (KV-cache bytes of one block for one
+job of ``max_length`` tokens, PETALS' own formula), so both come from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from petals_chain.model import ModelSpec, SpecError
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+MIN_PLAUSIBLE_BUDGET_BYTES = 1e6  # under 1 MB is a typo (missing unit), not a server
+MAX_PLAUSIBLE_BUDGET_BYTES = 1e15  # same limit the orchestrator's registry applies
+
+
+class ModelDirError(SpecError):
+    """A model directory is missing or is not a Hugging Face checkpoint PETALS can serve."""
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """Sizes of one transformer block of a checkpoint in a dtype, for jobs of at most max_length tokens."""
+
+    num_blocks: int
+    block_bytes: int  # s_m
+    cache_bytes: int  # s_c: 2 · hidden / kv_groups · max_length · dtype bytes
+    max_length: int
+    dtype: str
+
+    def model_spec(self, name: str) -> ModelSpec:
+        """The ModelSpec the orchestrator composes with."""
+        return ModelSpec(self.num_blocks, float(self.block_bytes), float(self.cache_bytes), name)
+
+    def cache_slots(self, memory_bytes: float, num_blocks: int) -> int:
+        """M̃_j = ⌊(M_j − s_m·m_j) / s_c⌋: block-job cache slots left after holding num_blocks blocks."""
+        free = memory_bytes - self.block_bytes * num_blocks
+        if free < self.cache_bytes:
+            return 0
+        return int(math.floor(free / self.cache_bytes))
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The path of a local checkpoint directory; ModelDirError naming what is missing otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelDirError(f"model directory {str(p)!r} does not exist (run scripts/prepare_model.sh, or give a path)")
+    if not p.is_dir():
+        raise ModelDirError(f"model path {str(p)!r} is a file, not a checkpoint directory")
+    if not (p / "config.json").is_file():
+        raise ModelDirError(f"model directory {str(p)!r} has no config.json: not a Hugging Face checkpoint")
+    weights = list(p.glob("*.safetensors")) + list(p.glob("*.bin"))
+    if not weights:
+        raise ModelDirError(f"model directory {str(p)!r} has no *.safetensors or *.bin weights")
+    try:
+        json.loads((p / "config.json").read_text())
+    except ValueError as exc:
+        raise ModelDirError(f"{p / 'config.json'} is not valid JSON: {exc}") from None
+    return p.resolve()
+
+
+def check_dtype(dtype: str) -> str:
+    """A serving dtype name this module knows the width of."""
+    if dtype not in DTYPE_BYTES:
+        raise SpecError(f"torch dtype must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return dtype
+
+
+def check_max_length(max_length: int) -> int:
+    """Tokens per job (prompt + generated), the length each job's KV cache is sized for."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= 1_000_000:
+        raise SpecError(f"max_length must be an integer in [1, 1000000] tokens, got {max_length!r}")
+    return max_length
+
+
+def parse_budget(text: str) -> float:
+    """'20GB', '512MB', '1.5GiB' or plain bytes → bytes; SpecError on nonsense or an absurd size."""
+    from humanfriendly import InvalidSize, parse_size
+
+    try:
+        value = float(parse_size(str(text)))
+    except (InvalidSize, ValueError):
+        raise SpecError(f"--memory-budget {text!r} is not a size (examples: 20GB, 512MB, 1.5GiB)") from None
+    if not math.isfinite(value) or value < MIN_PLAUSIBLE_BUDGET_BYTES:
+        raise SpecError(f"--memory-budget {text!r} = {value:g} bytes is absurdly small (did you forget the unit?)")
+    if value > MAX_PLAUSIBLE_BUDGET_BYTES:
+        raise SpecError(f"--memory-budget {text!r} = {value:g} bytes is absurdly large (max 1 PB)")
+    return value
+
+
+def load_config(model_dir: str | Path):
+    """The PETALS distributed config of a checkpoint (its block class, layer count, widths)."""
+    from petals.utils.auto_config import AutoDistributedConfig
+
+    path = check_model_dir(model_dir)
+    try:
+        return AutoDistributedConfig.from_pretrained(str(path))
+    except ValueError as exc:  # unsupported model_type and the like
+        raise ModelDirError(f"model directory {str(path)!r}: {exc}") from None
+
+
+def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int = 2048) -> BlockSizes:
+    """s_m and s_c of a checkpoint: parameters of one block (counted on empty weights) and PETALS' cache formula."""
+    from accelerate import init_empty_weights
+
+    check_dtype(dtype)
+    check_max_length(max_length)
+    config = load_config(model_dir)
+    with init_empty_weights(include_buffers=True):
+        block = config.block_class(config)
+        n_params = sum(p.numel() for p in block.parameters())
+    width = DTYPE_BYTES[dtype]
+    kv_groups = getattr(config, "num_key_value_groups", 1) or 1
+    cache_values = 2 * config.hidden_size * max_length // kv_groups
+    return BlockSizes(config.num_hidden_layers, int(n_params * width), int(cache_values * width), max_length, dtype)
+
+
+def measure_tau_p(
+    model_dir: str | Path, dtype: str = "float32", input_tokens: int = 64, output_tokens: int = 16, repeats: int = 3
+) -> float:
+    """Measured τp: seconds one block of this checkpoint takes for one job (prefill + decode steps), median of repeats.
+
+    Runs a block of the checkpoint's architecture (random weights: the cost does not depend on
+    the values) on this machine: a prefill of ``input_tokens`` then ``output_tokens − 1`` one-token
+    steps against the growing KV cache, as PETALS' inference does.
+    """
+    import torch
+
+    if input_tokens < 1 or output_tokens < 1:
+        raise SpecError("measure_tau_p: input_tokens and output_tokens must be >= 1")
+    config = load_config(model_dir)
+    torch_dtype = getattr(torch, check_dtype(dtype))
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        block = config.block_class(config).to(torch_dtype).eval()
+        prompt = torch.randn(1, input_tokens, config.hidden_size, generator=gen).to(torch_dtype)
+        step = torch.randn(1, 1, config.hidden_size, generator=gen).to(torch_dtype)
+        block(prompt, use_cache=True)  # warm-up: first-call allocations are not service time
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            _, cache = block(prompt, use_cache=True)
+            for _ in range(output_tokens - 1):
+                _, cache = block(step, use_cache=True, layer_past=cache)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
