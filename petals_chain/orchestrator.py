@@ -46,9 +46,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s.add_argument("--max-memory-bytes", type=float, default=MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd")
     s.add_argument("--max-waiting", type=int, default=100_000, help="most lease requests allowed to wait at once")
-    d = p.add_argument_group("DHT (pending: accepted, not wired until the PETALS integration lands)")
-    d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join (pending)")
-    d.add_argument("--start-dht", action="store_true", help="start a DHT node here (pending)")
+    d = p.add_argument_group("DHT (servers and clients then find it through GET /health)")
+    d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join")
+    d.add_argument("--start-dht", action="store_true", help="start a new DHT node here (or join --initial-peers)")
+    d.add_argument("--dht-host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"],
+                   help="where this DHT node listens (default: loopback, a free port)")
+    d.add_argument("--dht-prefix", default=None, help="PETALS DHT prefix of the model (default: the model name)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -107,9 +110,14 @@ async def _run(args: argparse.Namespace) -> None:
     if args.host not in LOOPBACK and token is None:
         print(f"warning: listening on {args.host} without a token; anyone who reaches it can lease and "
               "deregister", file=sys.stderr)
+    dht = None
     if args.initial_peers or args.start_dht:
-        print("note: --initial-peers/--start-dht are accepted but the DHT is not wired yet (pending the PETALS "
-              "integration); servers must register over HTTP", file=sys.stderr)
+        from petals_chain.swarm.dht import dht_prefix_for, start_dht
+
+        prefix = dht_prefix_for(args.dht_prefix or registry.model.name)
+        dht = start_dht(args.initial_peers, args.dht_host_maddrs)
+        orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
+        print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
 
     def ready(host: str, port: int) -> None:
         """Print the address once listening (scripts wait for this line)."""
@@ -118,7 +126,11 @@ async def _run(args: argparse.Namespace) -> None:
               f"{registry.model.num_blocks} blocks; composition v{h['version']}: {h['chains']} chains, "
               f"capacity {h['capacity']})", flush=True)
 
-    await serve(build_app(orch, token=token), args.host, args.port, on_ready=ready)
+    try:
+        await serve(build_app(orch, token=token), args.host, args.port, on_ready=ready)
+    finally:
+        if dht is not None:
+            dht.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ Routes (JSON unless noted; with a token, all but /health need ``Authorization: B
 GET /health · GET /metrics (Prometheus text) · GET /chains · GET /queue · GET /servers ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
 POST /servers/heartbeat {name, serving?: [start, end], tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
+POST /servers/{name}/leave {reason?} ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
 Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
@@ -80,6 +81,7 @@ class Orchestrator:
         self.http_errors: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._applied_generation = -1
+        self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
 
     # ---- composition ----------------------------------------------------------------------------
 
@@ -228,6 +230,13 @@ class Orchestrator:
             "active_leases": snap.active,
             "orphaned_leases": snap.orphaned,
             "uptime_s": self.clock() - self.started_s,
+            "model": {
+                "name": self.registry.model.name,
+                "num_blocks": self.registry.model.num_blocks,
+                "block_bytes": self.registry.model.block_bytes,
+                "cache_bytes": self.registry.model.cache_bytes,
+            },
+            "dht": self.dht_info,
         }
 
 
@@ -471,6 +480,18 @@ async def _assignment(request: web.Request) -> web.Response:
     return _json(_server_reply(orch, rec))
 
 
+async def _leave(request: web.Request) -> web.Response:
+    """POST /servers/{name}/leave: a server shuts down or gives up; its chains stop being offered at once."""
+    orch = request.app[ORCH_KEY]
+    body = await read_body(request, {"reason"}, required=False)
+    reason = body.get("reason", "left")
+    if not isinstance(reason, str) or len(reason) > 200:
+        raise BadRequestError("field 'reason' must be a string of at most 200 characters")
+    rec = orch.registry.get(check_name(request.match_info["name"]))
+    await orch.server_failed(rec.name, f"left: {reason}")
+    return _json(_server_reply(orch, rec))
+
+
 async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
@@ -523,6 +544,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, sweep_interval_s:
     app.router.add_post("/servers/register", _register)
     app.router.add_post("/servers/heartbeat", _heartbeat)
     app.router.add_get("/servers/{name}/assignment", _assignment)
+    app.router.add_post("/servers/{name}/leave", _leave)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)

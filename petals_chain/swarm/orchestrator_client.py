@@ -185,6 +185,10 @@ class OrchestratorClient:
             body["tau_c_s"] = tau_c_s
         return AssignmentInfo.from_reply(await self._call("POST", "/servers/heartbeat", body))
 
+    async def leave(self, name: str, reason: str = "shutting down") -> dict[str, Any]:
+        """Tell the orchestrator this server is going away (it is marked dead and its chains retired)."""
+        return await self._call("POST", f"/servers/{name}/leave", {"reason": reason})
+
     async def assignment(self, name: str) -> AssignmentInfo | None:
         """The blocks the orchestrator wants ``name`` to hold."""
         return AssignmentInfo.from_reply(await self._call("GET", f"/servers/{name}/assignment"))
