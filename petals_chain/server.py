@@ -172,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from petals_chain.swarm.server import ClaimRefusedError, RegistrationError
 
     server = None
+    code = 0
+    reason = "shutting down"
     try:
         server = build_server(args)
         print(f"server {server.profile.name!r} registered: peer {server.peer_id}", flush=True)
@@ -180,25 +182,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, RegistrationError, ClaimRefusedError, OrchestratorUnreachableError, OrchestratorError,
             TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        if server is not None:
-            reason = "claim refused" if isinstance(exc, ClaimRefusedError) else "error"
-            _quiet_shutdown(server, reason)
-        return EXIT_BAD_INPUT
+        code, reason = EXIT_BAD_INPUT, ("claim refused" if isinstance(exc, ClaimRefusedError) else "error")
     except KeyboardInterrupt:
         pass
+    except Exception:  # unexpected: show it, but still leave the orchestrator and end our children
+        import traceback
+
+        traceback.print_exc()
+        code, reason = 1, "crashed"
     if server is not None:
-        _quiet_shutdown(server, "shutting down")
-    return 0
+        _quiet_shutdown(server, reason)
+    else:
+        reap_children()
+    return code
 
 
 def _quiet_shutdown(server: Any, reason: str) -> None:
-    """Shut the server down, ignoring a second Ctrl-C/SIGTERM while doing so."""
+    """Shut the server down, ignoring a second Ctrl-C/SIGTERM while doing so; then end any child left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         server.shutdown(leave_reason=reason)
     except Exception as exc:  # shutting down: report and carry on
         print(f"warning: shutdown: {exc}", file=sys.stderr)
+    reap_children()
+
+
+def reap_children(timeout_s: float = 5.0) -> int:
+    """Terminate (then kill) every process this one started that is still alive, e.g. petals' reachability
+    probe p2pd, which its background thread may not have stopped yet; returns how many there were."""
+    import psutil
+
+    children = [c for c in psutil.Process().children(recursive=True) if c.is_running()]
+    for c in children:
+        try:
+            c.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for c in alive:
+        try:
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(children)
 
 
 if __name__ == "__main__":

@@ -288,6 +288,21 @@ class LeasedInferenceSession(InferenceSession):
         r.waited_s, r.queue_waited_s = self._granted_s - r.requested_s, info.waited_s
         return self
 
+    def _exit_server_sessions(self, server_sessions: list[Any]) -> None:
+        """Close each server session, and mark it closed even when closing failed.
+
+        petals leaves a server session whose close raised still "open"; its ``__del__`` then calls
+        ``RemoteExpertWorker.run_coroutine``, which deadlocks the whole client when the garbage
+        collector happens to run it on that worker's own event-loop thread.
+        """
+        for session in reversed(server_sessions):
+            try:
+                session.__exit__(None, None, None)
+            except Exception as exc:  # the server may already have ended the stream
+                log.debug("closing the session on %s failed: %r", session.span.server_info.public_name, exc)
+            finally:
+                session._outputs_stream = session._inputs_queue = None
+
     def close(self, *exc_details: Any) -> None:
         """Close the server sessions, then release the lease (always, even if closing raised)."""
         was_closed = self._closed
@@ -318,7 +333,13 @@ class OrchestratedRemoteSequential(RemoteSequential):
         with LeasedInferenceSession(self.sequence_manager, **kwargs) as session, self.use_session(session):
             yield session
 
+    def open_session(self, max_length: int) -> LeasedInferenceSession:
+        """A session already holding its lease but not made active: pass it to ``generate(session=...)`` and
+        ``close()`` it in any order (for many concurrent sessions in one thread)."""
+        return LeasedInferenceSession(self.sequence_manager, max_length=max_length).__enter__()
+
     def __getitem__(self, ix: int | slice) -> OrchestratedRemoteSequential:
+        """A sub-sequence of blocks whose sessions still lease."""
         return OrchestratedRemoteSequential(self.config, sequence_manager=self.sequence_manager[ix])
 
 

@@ -113,8 +113,17 @@ class OrchestratedServer(Server):
         # One placeholder block: the real span (and cache size) is set in _choose_blocks, once assigned.
         server_kwargs.setdefault("mean_balance_check_period", max(0.5, heartbeat_period_s / 2))
         super().__init__(num_blocks=1, inference_max_length=sizes.max_length, **server_kwargs)
+        self._await_reachability_probe()
         self.peer_id = self.dht.peer_id.to_base58()
         self.visible_maddrs = [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def _await_reachability_probe(self, timeout_s: float = 30.0) -> None:
+        """Wait until petals' reachability service has started its probe p2pd: a shutdown requested earlier is
+        lost by petals, and that p2pd would outlive the server."""
+        rp = self.reachability_protocol
+        deadline = time.monotonic() + timeout_s
+        while rp is not None and getattr(rp, "probe", None) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     # ---- orchestrator link ----------------------------------------------------------------------
 
@@ -165,7 +174,7 @@ class OrchestratedServer(Server):
                 log.warning("orchestrator answered %s (%s); registering again", exc.status, exc.message)
                 return self.register()
             if exc.status == 409:
-                raise ClaimRefusedError(f"server {self.profile.name!r}: {exc.message}") from None
+                raise ClaimRefusedError(exc.message) from None
             raise
         self._set_assignment(a)
         return a
