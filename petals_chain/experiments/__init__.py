@@ -17,6 +17,7 @@ EXPERIMENTS: dict[str, str] = {
     "fig6": "fig6_c_curve",
     "fig7": "fig7_c_star",
     "fig8": "fig8_overall",
+    "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
 }
 
 

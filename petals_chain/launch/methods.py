@@ -412,9 +412,12 @@ class PetalsClient:
         return out
 
     def close(self) -> None:
-        """Stop the client's DHT node."""
+        """Stop the client's routing thread and its DHT node."""
+        manager = self.model.transformer.h.sequence_manager
         with contextlib.suppress(Exception):
-            self.model.transformer.h.sequence_manager.dht.shutdown()
+            manager.shutdown()
+        with contextlib.suppress(Exception):
+            manager.dht.shutdown()
 
 
 class LeasingClient:
@@ -449,10 +452,13 @@ class LeasingClient:
 
     def close(self) -> None:
         """Close the orchestrator connection and the client's DHT node."""
+        manager = self.model.transformer.h.sequence_manager
         with contextlib.suppress(Exception):
             self.model.orchestrator.close()
         with contextlib.suppress(Exception):
-            self.model.transformer.h.sequence_manager.dht.shutdown()
+            manager.shutdown()
+        with contextlib.suppress(Exception):
+            manager.dht.shutdown()
 
 
 # ---- one method, start to stop ------------------------------------------------------------------------------

@@ -338,7 +338,10 @@ class LiveProfiler:
                         float(np.mean([e - s for s, e in done])))
 
     def stop(self) -> None:
-        """Stop the client's DHT node and every process this profiler started."""
+        """Stop the routing threads, the client's DHT node and every process this profiler started."""
+        for mgr in self._managers.values():
+            mgr.shutdown()
+        self._managers.clear()
         if self.dht is not None:
             try:
                 self.dht.shutdown()
