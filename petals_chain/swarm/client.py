@@ -365,6 +365,27 @@ def use_orchestrator(model: Any, orchestrator: BlockingOrchestrator, options: Le
     raise TypeError(f"{type(model).__name__} has no petals RemoteSequential to route through the orchestrator")
 
 
+def close_client(model: Any) -> None:
+    """Release what a leasing model holds: its orchestrator connection, its p2p client and its DHT node
+    (closing them here avoids hivemind's 'no current event loop' noise at interpreter exit)."""
+    from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
+
+    orch = getattr(model, "orchestrator", None)
+    if orch is not None:
+        orch.close()
+    transformer = model.transformer if hasattr(model, "transformer") else model
+    for child in transformer.children():
+        if isinstance(child, RemoteSequential):
+            manager = child.sequence_manager
+            manager.shutdown()
+            p2p = manager.state.p2p
+            if p2p is not None:
+                with contextlib.suppress(Exception):
+                    RemoteExpertWorker.run_coroutine(p2p.shutdown())
+            with contextlib.suppress(Exception):
+                manager.dht.shutdown()
+
+
 class AutoDistributedModelForCausalLM:
     """petals' AutoDistributedModelForCausalLM, plus ``orchestrator=URL``: sessions lease chains via JFFC."""
 
