@@ -13,7 +13,9 @@ import argparse
 import csv
 import json
 import math
+import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from petals_chain.model import SpecError
+from petals_chain.swarm.client import close_client
 from petals_chain.swarm.local_swarm import LocalSwarm, ServerPlan, group_members
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,14 +209,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         new_tokens = 12 if args.quick else args.max_new_tokens
         if args.prompts is not None and not 1 <= args.prompts <= 64:
             raise SpecError(f"--prompts must be in 1..64, got {args.prompts}")
-        sw = LocalSwarm(args.model_dir, plans, log_dir=Path(args.out) / "logs", model_name=Path(args.model_dir).name,
-                        max_length=args.max_length, arrival_rate=args.arrival_rate, c=args.c or None,
-                        job_input_tokens=48,
+        sw = LocalSwarm(args.model_dir, plans, log_dir=REPO / ".cache" / "demo-logs",
+                        model_name=Path(args.model_dir).name, max_length=args.max_length,
+                        arrival_rate=args.arrival_rate, c=args.c or None, job_input_tokens=48,
                         job_output_tokens=new_tokens)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     ok = True
+    main_pid = os.getpid()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        """In the demo process: unwind like Ctrl-C so that the swarm is torn down; forked children ignore it."""
+        if os.getpid() == main_pid:
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    model = None
     try:
         say(t0, "starting the orchestrator and its DHT")
         url = sw.start_orchestrator()
@@ -231,7 +244,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         from petals_chain import AutoDistributedModelForCausalLM
-        from petals_chain.swarm.client import close_client
 
         tok = AutoTokenizer.from_pretrained(args.model_dir)
         model = AutoDistributedModelForCausalLM.from_pretrained(args.model_dir, orchestrator=url,
@@ -241,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = run_burst(model, tok, questions, new_tokens, t0)
         burst_s = time.monotonic() - burst_t
         close_client(model)
+        model = None
         served = [r for r in rows if not r["error"]]
         ok = len(served) == n
         per_chain = Counter(r["chain"] for r in served)
@@ -270,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         ok = False
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut teardown short
+            signal.signal(sig, signal.SIG_IGN)
+        if model is not None:
+            close_client(model)
         say(t0, f"stopping {len(sw.procs)} process groups")
         left = sw.stop()
         still = [pg for pg in sw.started_pgids if group_members(pg)]

@@ -280,7 +280,7 @@ class LocalSwarm:
             except ProcessLookupError:
                 pass
 
-    def stop_processes(self, procs: list[SwarmProcess], grace_s: float = 15.0) -> None:
+    def stop_processes(self, procs: list[SwarmProcess], grace_s: float = 8.0) -> None:
         """SIGTERM the leaders (a server then leaves the orchestrator and stops its children), wait; then
         SIGTERM the whole groups, wait; then SIGKILL whatever is left."""
         left = list(procs)
@@ -291,11 +291,11 @@ class LocalSwarm:
             self._signal(left, sig, group)
             left = self._wait_gone(left, wait_s)
 
-    def stop_process(self, proc: SwarmProcess, grace_s: float = 15.0) -> None:
+    def stop_process(self, proc: SwarmProcess, grace_s: float = 8.0) -> None:
         """Stop one process group (a server leaving mid-run)."""
         self.stop_processes([proc], grace_s)
 
-    def stop(self, grace_s: float = 15.0) -> list[int]:
+    def stop(self, grace_s: float = 8.0) -> list[int]:
         """Stop every process group (all servers at once, then the orchestrator); return pgids still alive."""
         self.stop_processes([p for p in self.procs if p.name != "orchestrator"], grace_s)
         self.stop_processes([p for p in self.procs if p.name == "orchestrator"], grace_s)
