@@ -27,4 +27,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """Module attributes, including the lazy ones."""
     return sorted(list(globals()) + list(_LAZY))

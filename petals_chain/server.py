@@ -102,10 +102,7 @@ def build_server(args: argparse.Namespace) -> Any:
 
     orch = BlockingOrchestrator(args.orchestrator, token=token)
 
-    async def health(client: Any) -> Any:
-        return await client.health()
-
-    h = orch.run(health, timeout_s=30.0)
+    h = orch.run(lambda c: c.health(), timeout_s=30.0)
     check_against_orchestrator(h, sizes)
     dht = h.get("dht") or {}
     peers = args.initial_peers if args.initial_peers is not None else dht.get("initial_peers")

@@ -73,6 +73,7 @@ def reference(tiny_dir: Path):
     cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
 
     def greedy(prompt: list[int], new_tokens: int) -> list[int]:
+        """The local greedy continuation (memoised)."""
         key = (tuple(prompt), new_tokens)
         if key not in cache:
             with torch.no_grad():
@@ -128,6 +129,7 @@ def test_servers_serve_their_assignment_with_cache_from_the_memory_model(swarm: 
     uids = list(manager.block_uids)
 
     def announced() -> dict[str, int] | None:
+        """cache_tokens_left per server, once every server's blocks agree on one value."""
         infos = get_remote_module_infos(manager.dht, uids, latest=True)
         out: dict[str, int] = {}
         for name, rec in holding.items():
@@ -215,6 +217,7 @@ def test_jffc_fastest_chain_first_then_queue_then_fifo(swarm: LocalSwarm, client
         go = threading.Event()
 
         def waiter(label: str, prompt: list[int]) -> None:
+            """Open a session (waits in the queue), record its chain, hold it until told, then generate."""
             with client.inference_session(max_length=32) as s:
                 got[label] = s.lease.chain_id
                 order.append(label)
@@ -262,6 +265,7 @@ def test_fifty_concurrent_clients_all_served_none_lost(swarm: LocalSwarm, client
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
+        """One client: a leased session generating 3 tokens."""
         prompt = [1, 10 + i, 20 + (i * 7) % 400]
         try:
             with client.inference_session(max_length=32) as s:

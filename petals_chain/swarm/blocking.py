@@ -49,11 +49,12 @@ class BlockingOrchestrator:
         return self._client
 
     def submit(self, fn: Callable[[OrchestratorClient], Awaitable[T]]) -> concurrent.futures.Future:
-        """Schedule ``fn(client)`` on the loop; returns a concurrent Future."""
+        """Schedule ``fn(client)`` (a coroutine function or a lambda returning a coroutine) on the loop."""
         if self._closed or not self._thread.is_alive():
             raise RuntimeError(f"BlockingOrchestrator({self.url}) is closed")
 
         async def call() -> T:
+            """fn on the loop's client."""
             return await fn(await self._get_client())
 
         return asyncio.run_coroutine_threadsafe(call(), self._loop)
@@ -80,6 +81,7 @@ class BlockingOrchestrator:
         self._closed = True
 
         async def shutdown() -> None:
+            """Close the aiohttp session on its own loop."""
             if self._client is not None:
                 await self._session.close()
 

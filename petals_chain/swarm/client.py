@@ -106,11 +106,8 @@ class LeaseKeeper:
             self._released = True
         self._renewer.cancel()
 
-        async def call(client: Any) -> Any:
-            return await client.release(self.info.lease_id)
-
         try:
-            self.orch.run(call, timeout_s=30.0)
+            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=30.0)
         except OrchestratorError as exc:
             if exc.status != 404:  # 404: expired or already released
                 log.warning("releasing lease %s: %s", self.info.lease_id, exc.message)
@@ -269,11 +266,11 @@ class LeasedInferenceSession(InferenceSession):
         opts = base.options
         self.record = SessionRecord(client=opts.client, requested_s=time.monotonic())
 
-        async def call(client: Any) -> LeaseInfo:
-            return await client.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client)
-
         try:
-            info = base.orchestrator.run(call, timeout_s=opts.timeout_s + 60.0)
+            info = base.orchestrator.run(
+                lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client),
+                timeout_s=opts.timeout_s + 60.0,
+            )
         except BaseException as exc:
             self.record.error = f"{type(exc).__name__}: {exc}"
             base.add_record(self.record)
@@ -346,10 +343,7 @@ class OrchestratedRemoteSequential(RemoteSequential):
 def orchestrator_health(orch: BlockingOrchestrator) -> dict[str, Any]:
     """GET /health of the orchestrator."""
 
-    async def call(client: Any) -> Any:
-        return await client.health()
-
-    return orch.run(call, timeout_s=30.0)
+    return orch.run(lambda c: c.health(), timeout_s=30.0)
 
 
 def use_orchestrator(model: Any, orchestrator: BlockingOrchestrator, options: LeaseOptions | None = None) -> Any:

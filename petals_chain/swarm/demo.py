@@ -119,6 +119,7 @@ def run_burst(model: Any, tok: Any, questions: Sequence[str], max_new_tokens: in
                                        return_tensors="pt") for q in questions]
 
     def one(i: int, q: str) -> None:
+        """One request: lease, generate, decode, record (errors are recorded, not raised)."""
         ids = prompts[i]
         start.wait()
         sent = time.monotonic()

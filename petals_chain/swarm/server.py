@@ -54,14 +54,11 @@ class ServerProfile:
 def measure_rtt_s(orch: BlockingOrchestrator, samples: int = 5) -> float:
     """Median round trip of GET /health to the orchestrator, seconds (after one warm-up request)."""
 
-    async def health(client: Any) -> Any:
-        return await client.health()
-
-    orch.run(health, timeout_s=30.0)
+    orch.run(lambda c: c.health(), timeout_s=30.0)
     rtts = []
     for _ in range(samples):
         t0 = time.perf_counter()
-        orch.run(health, timeout_s=30.0)
+        orch.run(lambda c: c.health(), timeout_s=30.0)
         rtts.append(time.perf_counter() - t0)
     return statistics.median(rtts)
 
@@ -132,12 +129,10 @@ class OrchestratedServer(Server):
         p = self.profile
         address = self.visible_maddrs[0] if self.visible_maddrs else None
 
-        async def call(client: Any) -> AssignmentInfo | None:
-            return await client.register(p.name, memory_bytes=p.memory_bytes, tau_p_s=p.tau_p_s, tau_c_s=p.tau_c_s,
-                                         peer_id=self.peer_id, address=address)
-
         try:
-            a = self.orch.run(call, timeout_s=60.0)
+            a = self.orch.run(lambda c: c.register(p.name, memory_bytes=p.memory_bytes, tau_p_s=p.tau_p_s,
+                                                   tau_c_s=p.tau_c_s, peer_id=self.peer_id, address=address),
+                              timeout_s=60.0)
         except OrchestratorError as exc:
             raise RegistrationError(f"the orchestrator refused to register server {p.name!r}: {exc.message}") from None
         self._set_assignment(a)
@@ -164,11 +159,8 @@ class OrchestratedServer(Server):
         """Report liveness and the span served; re-register if the orchestrator forgot or buried us."""
         span = self.serving() if serving is None else serving
 
-        async def call(client: Any) -> AssignmentInfo | None:
-            return await client.heartbeat(self.profile.name, serving=span)
-
         try:
-            a = self.orch.run(call, timeout_s=30.0)
+            a = self.orch.run(lambda c: c.heartbeat(self.profile.name, serving=span), timeout_s=30.0)
         except OrchestratorError as exc:
             if exc.status in (404, 410):  # orchestrator restarted, or marked us dead: join again
                 log.warning("orchestrator answered %s (%s); registering again", exc.status, exc.message)
@@ -178,10 +170,6 @@ class OrchestratedServer(Server):
             raise
         self._set_assignment(a)
         return a
-
-    async def _fetch_assignment(self, client: Any) -> AssignmentInfo | None:
-        """GET this server's assignment."""
-        return await client.assignment(self.profile.name)
 
     def _heartbeat_loop(self) -> None:
         """Heartbeat every heartbeat_period_s until shutdown; a refused claim stops the server."""
@@ -194,7 +182,7 @@ class OrchestratedServer(Server):
                     return
                 log.warning("%s; reloading the assigned span", exc)
                 try:
-                    self._set_assignment(self.orch.run(self._fetch_assignment, timeout_s=30.0))
+                    self._set_assignment(self.orch.run(lambda c: c.assignment(self.profile.name), timeout_s=30.0))
                 except Exception as exc2:  # next heartbeat will try again
                     log.warning("fetching the assignment failed: %s", exc2)
             except Exception as exc:  # orchestrator down for a moment: keep serving, keep trying
@@ -297,11 +285,8 @@ class OrchestratedServer(Server):
         """Tell the orchestrator we leave (so it stops offering our chains at once), then stop petals' server."""
         self._hb_stop.set()
         if leave_reason is not None:
-            async def call(client: Any) -> Any:
-                return await client.leave(self.profile.name, leave_reason)
-
             try:
-                self.orch.run(call, timeout_s=10.0)
+                self.orch.run(lambda c: c.leave(self.profile.name, leave_reason), timeout_s=10.0)
             except Exception as exc:  # the orchestrator may already be gone
                 log.warning("could not tell the orchestrator that %r leaves: %s", self.profile.name, exc)
         super().shutdown(timeout)
