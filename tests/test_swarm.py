@@ -368,16 +368,36 @@ def test_server_claiming_blocks_it_was_not_given_is_refused(swarm: LocalSwarm, c
 # ---- teardown --------------------------------------------------------------------------------------------------
 
 
-def test_leaving_server_and_teardown_leave_no_orphans(swarm: LocalSwarm, client) -> None:
-    """A server stopped with SIGTERM leaves the orchestrator at once (its chains are retired); stopping the swarm
-    ends every process of every group (servers' p2pd, DHT and handler processes included)."""
+def test_leaving_server_reassignment_and_teardown_leave_no_orphans(swarm: LocalSwarm, client, reference) -> None:
+    """A server stopped with SIGTERM leaves the orchestrator at once (its chains are retired); the others reload
+    whatever the new composition assigns them and the swarm still answers correctly; stopping the swarm ends every
+    process of every group (servers' p2pd, DHT and handler processes included)."""
     groups = {p.name: [pid for pid, _ in group_members(p.pgid)] for p in swarm.procs if p.popen.poll() is None}
     assert all(len(pids) >= 2 for name, pids in groups.items() if name.startswith("s")), groups
+    before = {r["name"]: r["assignment"] for r in swarm.get("/servers")["servers"]}
     victim = next(p for p in swarm.procs if p.name == "s3")
     swarm.stop_process(victim)
     rec = next(r for r in swarm.get("/servers")["servers"] if r["name"] == "s3")
     assert rec["alive"] is False and rec["dead_reason"].startswith("left")
     assert all("s3" not in json.dumps(c["spans"]) for c in _chains(swarm))
+
+    def settled() -> dict | None:
+        """Every live server serves exactly its new assignment (an empty one: nothing)."""
+        recs = [r for r in swarm.get("/servers")["servers"] if r["alive"]]
+        for r in recs:
+            a = r["assignment"]
+            want = [a["start"], a["end"]] if a["num_blocks"] else None
+            have = r["serving"] if r["serving"] and r["serving"][1] > r["serving"][0] else None
+            if have != want:
+                return None
+        return {r["name"]: r["assignment"] for r in recs}
+
+    after = _wait_for(settled, 120, "the remaining servers to serve their new assignments", period_s=0.5)
+    for name, a in after.items():
+        if (a["start"], a["end"]) != (before[name]["start"], before[name]["end"]):
+            log = next(p for p in swarm.procs if p.name == name).log_path.read_text(errors="replace")
+            assert "reassigned" in log, name  # it really reloaded
+    assert _generate(client, PROMPTS[1], 6) == reference(PROMPTS[1], 6)
     left = swarm.stop()
     assert left == []
     for name, pids in groups.items():
