@@ -78,6 +78,8 @@ def test_tau_formulas_follow_the_paper() -> None:
     assert f.job_time_s(5, 100, 11) == pytest.approx(f.tau_c_s(11) + 5 * f.tau_p_s(100, 11))
     assert f.model_tau_c_s(10) == pytest.approx(10 * 0.038)
     assert f.inference_rps == pytest.approx(500.0) and f.forward_rps == pytest.approx(1e4)
+    zero = ServerFit("z", 0.01, 0.0, 0.0, 0.0, 0.0)  # nnls may fit 0 for a cost too small to see
+    assert math.isfinite(zero.inference_rps) and math.isfinite(zero.forward_rps) and zero.forward_rps > 1e6
 
 
 def test_fit_refuses_under_determined_or_bad_samples() -> None:

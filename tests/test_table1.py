@@ -104,6 +104,12 @@ def test_summary_statistics_and_littles_law() -> None:
     res = ReplayResult("m", recs, np.column_stack([t[::50], n]), 30.0)
     sampled, lw = littles_law(res)
     assert sampled == pytest.approx(lw, rel=0.02)
+    cut = RequestRecord("m", 11, 5.0, math.nan, 65.0, 60.0, math.nan, 60.0, 8, 4, 0, 3, 0.0, "", "not finished",
+                        censored=True)
+    s2 = summarize(recs + [cut])
+    assert s2["censored"] == 1 and s2["served"] == 10 and s2["waiting_max"] == 60.0
+    assert s2["response_mean"] == pytest.approx((resp.sum() + 60.0) / 11)  # a lower bound, counted at the cutoff
+    assert s2["service_mean"] == pytest.approx(s["service_mean"])  # service: served requests only
 
 
 # ---- bad input stops everything before it starts -------------------------------------------------------------
@@ -319,7 +325,7 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
                     assert live.info.placement, method
                     res = replay(method, live.client.serve, plan, prompts, drain_timeout_s=120)
                 recs = res.records
-                assert [r.error for r in recs] == [""] * plan.n, method
+                assert [r.error for r in recs] == [""] * plan.n and not any(r.censored for r in recs), method
                 assert all(r.generated == r.output_tokens for r in recs)
                 assert all(r.waiting_s >= 0 and r.service_s > 0 for r in recs), method
                 assert all(r.response_s == pytest.approx(r.waiting_s + r.service_s) for r in recs)

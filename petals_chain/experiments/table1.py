@@ -173,6 +173,7 @@ class RequestRecord:
     dispatch_lag_s: float
     route: str
     error: str = ""
+    censored: bool = False  # unfinished at the cutoff: response and waiting are lower bounds (end = cutoff)
 
 
 @dataclass(frozen=True)
@@ -246,15 +247,17 @@ def replay(method: str, serve: Callable[[Any, int], Any], plan: ReplayPlan, prom
     stop.set()
     mon.join()
     wall = time.monotonic() - t0
+    with lock:
+        snapshot = list(results)
     records = []
     for i in range(n):
         arrival = float(plan.arrival_s[i])
-        r = results[i]
-        if r is None:
-            records.append(RequestRecord(method, i, arrival, math.nan, math.nan, math.nan, math.nan, math.nan,
+        r = snapshot[i]
+        if r is None:  # still waiting or running at the cutoff: counted at the cutoff, as a lower bound
+            records.append(RequestRecord(method, i, arrival, math.nan, wall, wall - arrival, math.nan, wall - arrival,
                                          int(plan.input_tokens[i]), int(plan.output_tokens[i]), 0, 0,
                                          dispatched[i] - arrival, "", f"not finished {drain_timeout_s:g} s after "
-                                                                      "the last arrival"))
+                                         "the last arrival (censored at the cutoff)", censored=True))
             continue
         start = r.start_s - t0 if r.start_s is not None else math.nan
         end = r.end_s - t0 if r.end_s is not None else math.nan
@@ -271,13 +274,18 @@ def replay(method: str, serve: Callable[[Any, int], Any], plan: ReplayPlan, prom
 
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, float]:
-    """Mean/median/P95/P99 response, waiting mean/median/P95/max, service mean/median/P95 over served requests."""
+    """Mean/median/P95/P99 response, waiting mean/median/P95/max, service mean/median/P95 over served requests.
+
+    Requests unfinished at the cutoff (censored) enter response and waiting at their cutoff values, so
+    those statistics are then lower bounds; service statistics use served requests only.
+    """
     ok = [r for r in records if not r.error]
-    out: dict[str, float] = {"requests": float(len(records)), "served": float(len(ok))}
+    cut = [r for r in records if r.censored]
+    out: dict[str, float] = {"requests": float(len(records)), "served": float(len(ok)), "censored": float(len(cut))}
     if not ok:
         return out | {m: math.nan for m in METRICS}
-    resp = np.array([r.response_s for r in ok])
-    wait = np.array([r.waiting_s for r in ok])
+    resp = np.array([r.response_s for r in ok + cut])
+    wait = np.array([r.waiting_s for r in ok + cut])
     svc = np.array([r.service_s for r in ok])
     out |= {"response_mean": resp.mean(), "response_median": np.median(resp),
             "response_p95": np.percentile(resp, 95), "response_p99": np.percentile(resp, 99),
@@ -293,7 +301,7 @@ def littles_law(result: ReplayResult) -> tuple[float, float]:
 
     Both equal ∫N(t)dt / window when the records are consistent with what was really in flight.
     """
-    ok = [r for r in result.records if not r.error]
+    ok = [r for r in result.records if not r.error or r.censored]
     if not ok or result.samples.size == 0:
         return math.nan, math.nan
     lo = min(r.arrival_s for r in ok)
@@ -387,6 +395,9 @@ def markdown(stats: dict[str, dict[str, float]], plan: ReplayPlan, infos: dict[s
     for m, res in results.items():
         s = stats[m]
         sampled, lw = littles_law(res)
+        if s.get("censored"):
+            lines.append(f"- {m}: {int(s['censored'])} request(s) still waiting at the cutoff are counted at the "
+                         "cutoff: its response and waiting figures are lower bounds")
         lines.append(f"- {m}: {int(s['served'])}/{int(s['requests'])} served, mean failed routing attempts "
                      f"{s.get('failed_attempts_mean', math.nan):.2f}, L sampled {sampled:.2f} vs λW {lw:.2f}, "
                      f"replay wall {res.wall_s:.0f} s")
@@ -537,7 +548,6 @@ def prepare(args: argparse.Namespace) -> Prepared:
 
 def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None] = print) -> Summary:
     """Bring the testbed up, run every method's replay, write the outputs, tear everything down."""
-    import torch
     from tqdm import tqdm
 
     from petals_chain.launch.launcher import Launch
@@ -572,7 +582,6 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
             try:
                 info = live.start()
                 log(f"[{method}] ready after {info.startup_s:.0f} s: {_describe_info(info)}")
-                live.client.serve(torch.tensor([[101, 102, 103, 104]]), 2)  # warm-up, not recorded
                 bar = tqdm(total=plan.n, desc=f"{LABELS[method]:9}", unit="req")
                 last = [0]
 

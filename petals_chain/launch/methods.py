@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import urllib.error
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -568,8 +568,18 @@ class LiveMethod:
         except BaseException:
             self.stop()
             raise
+        self.warm_up()
         self.info.startup_s = time.monotonic() - t0
         return self.info
+
+    def warm_up(self) -> None:
+        """One tiny request (not recorded): first-call costs and lazy imports happen before concurrent requests
+        (CPython 3.11 corrupts its AST state when threads first-import modules that parse source concurrently)."""
+        import torch
+
+        timing = self.client.serve(torch.tensor([[101, 102, 103, 104]]), 2)
+        if timing.error:
+            raise MethodError(f"{self.method}: the warm-up request failed: {timing.error}")
 
     def _start_petals(self) -> None:
         """DHT + plain PETALS servers sized by PETALS' rule, then the plain client."""
@@ -778,13 +788,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def run_in_thread(fn: Callable[[], Any]) -> threading.Thread:
-    """Start ``fn`` in a daemon thread (requests of a replay)."""
-    t = threading.Thread(target=fn, daemon=True)
-    t.start()
-    return t
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from petals_chain.profile import PER_TOKEN_OVERHEAD_S
 
 STEP_KINDS = ("prefill", "decode")
 PARAMS = ("round_trip_s", "session_s", "t_o_s", "t_in_s", "t_out_s")
+MIN_TIME_S = 1e-9  # a fitted time of 0 (too small to see) still gives a finite speed for PETALS to announce
 
 
 # ---- measurements and the fit (pure) ------------------------------------------------------------------------
@@ -100,12 +101,12 @@ class ServerFit:
     @property
     def inference_rps(self) -> float:
         """Decode steps per second of one block (what PETALS announces as inference_rps)."""
-        return 1.0 / self.t_out_s if self.t_out_s > 0 else math.inf
+        return 1.0 / max(self.t_out_s, MIN_TIME_S)
 
     @property
     def forward_rps(self) -> float:
         """Prefill tokens per second of one block (PETALS' forward_rps)."""
-        return 1.0 / self.t_in_s if self.t_in_s > 0 else math.inf
+        return 1.0 / max(self.t_in_s, MIN_TIME_S)
 
 
 def fit_server(samples: Sequence[StepSample], name: str | None = None, *, rtt_s: float = math.nan,
