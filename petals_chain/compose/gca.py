@@ -1,10 +1,8 @@
 """GCA (Algorithm 2): peel off the fastest chain, give it all the cache it can take, repeat.
 
-The shortest j0 → j_end path is found by dynamic programming over block
-positions instead of Dijkstra over server pairs: an edge (i, j) depends on i
-only through i's end block e_i = a_i + m_i, so the best way to *reach* block
-position p is all that matters. One round costs O(Σ_j m_j), which keeps the
-whole algorithm near O(K · J · L) rather than O(J⁴).
+The shortest j0 → j_end path comes from :func:`petals_chain.compose.paths.route_dp`
+(dynamic programming over block positions, O(Σ_j m_j) per round), which keeps
+the whole algorithm near O(K · J · L) rather than O(J⁴) with plain Dijkstra.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.compose.capacity import cache_slots
+from petals_chain.compose.paths import group_by_end, route_dp
 from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec
 
 try:  # numba makes the per-round DP ~100x faster; the pure-Python path gives identical results
@@ -22,73 +21,34 @@ except ImportError:  # pragma: no cover - exercised only where numba is missing
     _njit = None
 
 
-def _gca_rounds(first, end, tau_c, tau_p, slots, num_blocks, out_servers, out_blocks, out_caps):
+def _gca_rounds(first, end, tau_c, tau_p, slots, order, starts, num_blocks, out_servers, out_blocks, out_caps):
     """Run every GCA round over arrays; fill the out_* buffers, return the number of chains."""
-    n = first.shape[0]
     L1 = num_blocks + 1
-    # servers grouped by end position (positions 2..L+1), each group in index order
-    order = np.argsort(end, kind="mergesort")
-    starts = np.zeros(L1 + 2, dtype=np.int64)
-    for idx in range(n):
-        starts[end[order[idx]] + 1] += 1
-    for p in range(1, L1 + 2):
-        starts[p] += starts[p - 1]
     dist = np.empty(L1 + 1, dtype=np.float64)
     best_server = np.empty(L1 + 1, dtype=np.int64)
     best_prev = np.empty(L1 + 1, dtype=np.int64)
+    no_penalty = np.zeros(first.shape[0], dtype=np.float64)
+    no_wait = np.zeros((1, 1), dtype=np.float64)
     remaining = slots.copy()
     num_chains = 0
-    pos_buf = np.empty(L1 + 1, dtype=np.int64)
-    while True:
-        for p in range(L1 + 1):
-            dist[p] = np.inf
-            best_server[p] = -1
-            best_prev[p] = -1
-        dist[1] = 0.0
-        for e in range(2, L1 + 1):
-            for g in range(starts[e], starts[e + 1]):
-                j = order[g]
-                lo = first[j]
-                lo = max(lo, e - remaining[j])  # edge needs M_j >= m_ij = e - p
-                for p in range(lo, e):
-                    if dist[p] == np.inf:
-                        continue
-                    cost = dist[p] + tau_c[j] + tau_p[j] * (e - p)
-                    if cost < dist[e]:
-                        dist[e] = cost
-                        best_server[e] = j
-                        best_prev[e] = p
-        if dist[L1] == np.inf:
-            return num_chains
-        # walk back from L+1 to position 1
-        hops = 0
-        e = L1
-        while e != 1:
-            pos_buf[hops] = e
-            hops += 1
-            e = best_prev[e]
+    while num_chains < out_caps.shape[0]:
+        hops = route_dp(first, end, tau_c, tau_p, remaining, order, starts, num_blocks, no_penalty, no_wait, 0.0,
+                        False, dist, best_server, best_prev, out_servers[num_chains], out_blocks[num_chains])
+        if hops == 0:
+            break
         cap = -1
         for h in range(hops):
-            e = pos_buf[h]
-            j = best_server[e]
-            blocks = e - best_prev[e]
-            c_here = remaining[j] // blocks
+            c_here = remaining[out_servers[num_chains, h]] // out_blocks[num_chains, h]
             if cap < 0 or c_here < cap:
                 cap = c_here
         for h in range(hops):
-            e = pos_buf[hops - 1 - h]
-            j = best_server[e]
-            blocks = e - best_prev[e]
-            remaining[j] -= blocks * cap
-            out_servers[num_chains, h] = j
-            out_blocks[num_chains, h] = blocks
+            remaining[out_servers[num_chains, h]] -= out_blocks[num_chains, h] * cap
         for h in range(hops, out_servers.shape[1]):
             out_servers[num_chains, h] = -1
             out_blocks[num_chains, h] = 0
         out_caps[num_chains] = cap
         num_chains += 1
-        if num_chains == out_caps.shape[0]:
-            return num_chains
+    return num_chains
 
 
 _gca_rounds_fast = _njit(cache=True)(_gca_rounds) if _njit is not None else _gca_rounds
@@ -125,7 +85,8 @@ def gca(
     out_blocks = np.zeros((max_chains, max_hops), dtype=np.int64)
     out_caps = np.zeros(max_chains, dtype=np.int64)
     run = _gca_rounds_fast if use_numba else _gca_rounds
-    k = run(first, end, tau_c, tau_p, slots, model.num_blocks, out_servers, out_blocks, out_caps)
+    order, starts = group_by_end(end, model.num_blocks)
+    k = run(first, end, tau_c, tau_p, slots, order, starts, model.num_blocks, out_servers, out_blocks, out_caps)
     chains = []
     for r in range(k):
         hops_local = [int(x) for x in out_servers[r] if x >= 0]

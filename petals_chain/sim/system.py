@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain.compose.capacity import cache_slots
+from petals_chain.compose.paths import group_by_end, route_dp
 from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
 from petals_chain.sim.engine import LITTLE_RTOL, RECORD_DTYPE, SimResult, SimulationError
 from petals_chain.sim.workloads import Workload
@@ -77,56 +78,6 @@ MAX_BACKOFF_S = 60.0  # PETALS ClientConfig.max_backoff
 Route = tuple[tuple[int, int], ...]  # ((server index, blocks processed there), ...) in block order
 
 
-def _route_dp(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now, use_wait,
-              dist, best_server, best_prev, out_servers, out_blocks):
-    """Shortest position-1 → position-(L+1) path of the placement DAG; fills out_*, returns the hop count (0: none).
-
-    Edge (p → e_j) at server j costs τc_j + τp_j m + penalty_j (+ (free_at[j, m-1] − now)⁺ if use_wait),
-    m = e_j − p; edges with m > slots_j are absent. Ties keep the first found (lower p, lower index).
-    """
-    L1 = num_blocks + 1
-    for p in range(L1 + 1):
-        dist[p] = np.inf
-        best_server[p] = -1
-        best_prev[p] = -1
-    dist[1] = 0.0
-    for e in range(2, L1 + 1):
-        for g in range(starts[e], starts[e + 1]):
-            j = order[g]
-            lo = first[j]
-            if e - slots[j] > lo:
-                lo = e - slots[j]
-            base = tau_c[j] + penalty[j]
-            for p in range(lo, e):
-                if dist[p] == np.inf:
-                    continue
-                m = e - p
-                cost = dist[p] + base + tau_p[j] * m
-                if use_wait:
-                    w = free_at[j, m - 1] - now
-                    if w > 0.0:
-                        cost += w
-                if cost < dist[e]:
-                    dist[e] = cost
-                    best_server[e] = j
-                    best_prev[e] = p
-    if dist[L1] == np.inf:
-        return 0
-    hops = 0
-    e = L1
-    while e != 1:
-        hops += 1
-        e = best_prev[e]
-    h = hops
-    e = L1
-    while e != 1:
-        h -= 1
-        out_servers[h] = best_server[e]
-        out_blocks[h] = e - best_prev[e]
-        e = best_prev[e]
-    return hops
-
-
 def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, num_blocks, free_at,
                start_out, end_out, hop_servers, hop_blocks, num_hops):
     """BPRR WS-RR over all arrivals (see the module docstring); returns -1 on success, else the unroutable job."""
@@ -140,7 +91,7 @@ def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, nu
     hb = np.empty(hop_servers.shape[1], dtype=np.int64)
     for i in range(n):
         now = arrival[i]
-        hops = _route_dp_fast(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now,
+        hops = route_dp(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now,
                               True, dist, best_server, best_prev, hs, hb)
         if hops == 0:
             return i
@@ -172,10 +123,8 @@ def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, nu
 
 
 if _njit is not None:
-    _route_dp_fast = _njit(cache=True)(_route_dp)
     _bprr_loop_fast = _njit(cache=True)(_bprr_loop)
 else:  # pragma: no cover
-    _route_dp_fast = _route_dp
     _bprr_loop_fast = _bprr_loop
 
 
@@ -221,11 +170,7 @@ class RouteGraph:
         if not covered[1:model.num_blocks + 1].all():
             missing = int(np.argmin(covered[1:model.num_blocks + 1])) + 1
             raise InfeasibleError(f"placement leaves block {missing} of {model.num_blocks} on no server")
-        order = np.argsort(end, kind="mergesort").astype(np.int64)
-        starts = np.zeros(model.num_blocks + 3, dtype=np.int64)
-        for e in end:
-            starts[e + 1] += 1
-        starts = np.cumsum(starts).astype(np.int64)
+        order, starts = group_by_end(end, model.num_blocks)
         return cls(servers, model, placement, all_slots, idx, first, end, end - first,
                    np.array([servers[j].tau_c_s for j in hosting], dtype=np.float64),
                    np.array([servers[j].tau_p_s for j in hosting], dtype=np.float64),
@@ -245,7 +190,7 @@ class RouteGraph:
         L1 = self.model.num_blocks + 1
         hs = np.empty(self.max_hops, dtype=np.int64)
         hb = np.empty(self.max_hops, dtype=np.int64)
-        n = _route_dp_fast(self.first, self.end, self.tau_c, self.tau_p, self.local_slots, self.order, self.starts,
+        n = route_dp(self.first, self.end, self.tau_c, self.tau_p, self.local_slots, self.order, self.starts,
                            self.model.num_blocks, pen, fa, float(now_s), use_wait, np.empty(L1 + 1),
                            np.empty(L1 + 1, dtype=np.int64), np.empty(L1 + 1, dtype=np.int64), hs, hb)
         if n == 0:
@@ -530,7 +475,7 @@ def _simulate_bprr_mean(graph: RouteGraph, workload: Workload, warmup_jobs: int)
         t_last = t
         in_sys += 1
         sorted_belief = np.sort(belief, axis=1)
-        nh = _route_dp_fast(graph.first, graph.end, graph.tau_c, graph.tau_p, graph.local_slots, graph.order,
+        nh = route_dp(graph.first, graph.end, graph.tau_c, graph.tau_p, graph.local_slots, graph.order,
                             graph.starts, graph.model.num_blocks, penalty, sorted_belief, t, True, dist, bs, bp, hs, hb)
         if nh == 0:
             raise InfeasibleError(f"BPRR: no route through the placement fits job {job}")
