@@ -13,12 +13,16 @@ petals model and swaps in two subclasses at petals' plug-in points:
 ``model.generate()`` and ``model.inference_session()`` are unchanged for the user.
 Forward passes outside a session (training, scoring) keep petals' own routing.
 
-Failover (upstream petals #587) is not handled here yet. The place for it is
-``OrchestratedSequenceManager.on_request_failure``: map the failed peer to its server
-on the lease, ``POST /lease/{id}/report-failure`` (``BlockingOrchestrator`` +
-``OrchestratorClient.report_failure``) to get a replacement lease, swap
-``self.lease`` (and ``LeasedInferenceSession._keeper``), and let petals' retry call
-``make_sequence`` again, which then routes along the new chain.
+Failover: a leased session lets petals try each step once (``max_retries=1`` on its
+view); ``OrchestratedSequenceManager.on_request_failure`` remembers the failed peer, and
+``LeasedInferenceSession.step`` then closes every server session of the broken chain,
+asks the orchestrator what became of that server (``GET /servers``) and either reports it
+dead (``POST /lease/{id}/report-failure``: the replacement lease takes the old one's
+place), takes a new lease (its chain was retired by a recomposition), or waits for it to
+finish loading its span; then it replays the whole session's inputs along the (new) chain
+and finishes the step, so the output stays token-identical. The old lease is never kept
+and the current one is released at close. patches/0002 makes petals notice a dead server
+within about a second (see patches/README.md).
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+from hivemind.p2p import P2PHandlerError
 from petals.client.inference_session import InferenceSession
 from petals.client.remote_sequential import RemoteSequential
 from petals.client.routing.sequence_manager import RemoteSequenceManager
+from petals.utils.misc import is_dummy
 
 from petals_chain.model import SpecError
 from petals_chain.swarm.blocking import BlockingOrchestrator
@@ -45,6 +52,42 @@ log = logging.getLogger("petals_chain.client")
 
 class LeaseRouteError(RuntimeError):
     """A lease's spans do not cover the blocks a session needs, or name a server without a peer id."""
+
+
+class FailoverError(RuntimeError):
+    """A leased session could not be moved off a failed server (no replacement chain, or too many failovers)."""
+
+
+@dataclass
+class FailoverRecord:
+    """One recovery of a leased session: which server failed, what the client did about it, and when.
+
+    ``action``: 'reported' (the server is gone: the orchestrator marked it dead and gave a replacement lease),
+    'moved' (a recomposition retired the chain: a new lease), 'reloading' (the server was loading its span:
+    waited, same lease), 'refused' (it answered with an error on a stable chain: retried once, same lease).
+    """
+
+    server: str
+    action: str
+    cause: str
+    from_lease: str
+    from_chain: str
+    to_lease: str | None = None
+    to_chain: str | None = None
+    replayed_tokens: int = 0
+    step_started_s: float = 0.0  # time.monotonic() when the step that failed began
+    detected_s: float = 0.0  # when petals gave the failure back
+    recovered_s: float | None = None  # when that step completed on the new route
+
+    @property
+    def recovery_s(self) -> float | None:
+        """Failure seen → step completed on the new route (report, new lease, replay)."""
+        return None if self.recovered_s is None else self.recovered_s - self.detected_s
+
+    @property
+    def stall_s(self) -> float | None:
+        """Start of the failed step → its completion: what the user waited (detection included)."""
+        return None if self.recovered_s is None else self.recovered_s - self.step_started_s
 
 
 @dataclass
@@ -61,6 +104,7 @@ class SessionRecord:
     queue_waited_s: float | None = None  # time in the orchestrator's queue, as the orchestrator saw it
     service_s: float | None = None  # lease granted → session closed
     error: str | None = None
+    failovers: list[FailoverRecord] = field(default_factory=list)  # lease/chain/spans above: the last lease
 
     @property
     def response_s(self) -> float | None:
@@ -84,6 +128,12 @@ class LeaseKeeper:
         self._released = False
         self._lock = threading.Lock()
         self._renewer = orch.spawn(self._renew_loop())
+
+    def stop(self) -> None:
+        """Stop renewing without releasing: the orchestrator already ended this lease (reported failure)."""
+        with self._lock:
+            self._released = True
+        self._renewer.cancel()
 
     async def _renew_loop(self) -> None:
         """Renew until cancelled; a failed renewal is logged (the lease may then expire)."""
@@ -125,18 +175,23 @@ class LeaseOptions:
     client: str | None = None
     records: list[SessionRecord] = field(default_factory=list)
     keep_records: int = 10_000
+    max_failovers: int = 8  # per step: more failed chains than this and the step raises FailoverError
+    reload_wait_s: float = 120.0  # how long a session waits for a server of its chain to finish loading its span
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "ttl_s"):
+        for name in ("timeout_s", "ttl_s", "reload_wait_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"lease option '{name}' must be > 0 seconds, got {v!r}")
+        if not (isinstance(self.max_failovers, int) and self.max_failovers >= 0):
+            raise SpecError(f"lease option 'max_failovers' must be an integer >= 0, got {self.max_failovers!r}")
 
 
 class OrchestratedSequenceManager(RemoteSequenceManager):
     """petals' sequence manager that routes a leased session along its lease's spans."""
 
     lease: LeaseInfo | None = None
+    failed_peer: Any = None  # the peer whose request failed last (a leased view fails over from it)
 
     def __init__(self, config: Any, block_uids: Any, *, orchestrator: BlockingOrchestrator,
                  options: LeaseOptions | None = None, dht: Any = None, state: Any = None) -> None:
@@ -155,10 +210,20 @@ class OrchestratedSequenceManager(RemoteSequenceManager):
         return new
 
     def with_lease(self, lease: LeaseInfo) -> OrchestratedSequenceManager:
-        """A view of this manager (same DHT, state, threads) that routes along ``lease``."""
+        """A view of this manager (same DHT, state, threads) that routes along ``lease``; petals tries each step
+        once on it, and a failure comes back to ``LeasedInferenceSession.step``, which fails over."""
         view = copy.copy(self)
         view.lease = lease
+        view.failed_peer = None
+        view.config = copy.copy(self.config)
+        view.config.max_retries = 1
         return view
+
+    def on_request_failure(self, peer_id: Any) -> None:
+        """Remember the failed peer (for the leased session's failover), then petals' own bookkeeping."""
+        if self.lease is not None:
+            self.failed_peer = peer_id
+        super().on_request_failure(peer_id)
 
     def __getitem__(self, ix: int | slice) -> OrchestratedSequenceManager:
         """A manager for a sub-sequence of blocks, still leasing (and still on this view's lease)."""
@@ -252,6 +317,8 @@ class LeasedInferenceSession(InferenceSession):
         self.record: SessionRecord | None = None
         self._granted_s: float | None = None
         self._base_manager = sequence_manager
+        self._history: torch.Tensor | None = None  # every input stepped so far: replayed on a replacement chain
+        self._refusals = 0
         super().__init__(sequence_manager, max_length)
 
     @property
@@ -277,13 +344,166 @@ class LeasedInferenceSession(InferenceSession):
             self._closed = True
             raise
         self._granted_s = time.monotonic()
-        self._keeper = LeaseKeeper(base.orchestrator, info, opts.ttl_s)
-        self._sequence_manager = base.with_lease(info)
+        self._use_lease(info)
         r = self.record
-        r.lease_id, r.chain_id, r.version = info.lease_id, info.chain_id, info.version
-        r.spans = tuple((s.server, s.start, s.end) for s in info.spans)
         r.waited_s, r.queue_waited_s = self._granted_s - r.requested_s, info.waited_s
         return self
+
+    def _use_lease(self, info: LeaseInfo) -> LeaseKeeper | None:
+        """Hold ``info`` from now on (renewed, released at close) and route along it; returns the previous keeper."""
+        base = self._base_manager
+        old, self._keeper = self._keeper, LeaseKeeper(base.orchestrator, info, base.options.ttl_s)
+        self._sequence_manager = base.with_lease(info)
+        r = self.record
+        if r is not None:
+            r.lease_id, r.chain_id, r.version = info.lease_id, info.chain_id, info.version
+            r.spans = tuple((s.server, s.start, s.end) for s in info.spans)
+        return old
+
+    # ---- failover ---------------------------------------------------------------------------------------------
+
+    def step(self, inputs: torch.Tensor, prompts: torch.Tensor | None = None,
+             hypo_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """petals' step; when a server of the leased chain fails, move to a working chain, replay the session's
+        inputs there and finish the step (the outputs are the ones the old chain would have given)."""
+        if self._keeper is None:
+            return super().step(inputs, prompts, hypo_ids)
+        prefix = self._history
+        if prefix is not None and hypo_ids is not None and not is_dummy(hypo_ids):
+            prefix = prefix[hypo_ids.cpu()]  # the servers reorder their caches by hypo_ids before this step
+        new = inputs.detach().cpu()
+        full = new if prefix is None else torch.cat([prefix, new.to(prefix.dtype)], dim=1)
+        started_s = time.monotonic()
+        step_inputs, step_hypo_ids = inputs, hypo_ids
+        recoveries: list[FailoverRecord] = []
+        while True:
+            manager = self._sequence_manager
+            manager.failed_peer = None
+            try:
+                outputs = super().step(step_inputs, prompts, step_hypo_ids)
+                break
+            except Exception as exc:
+                rec = self._fail_over(manager.failed_peer, exc, started_s, len(recoveries))
+                if rec is None:
+                    raise
+                rec.replayed_tokens = full.shape[1] - new.shape[1]
+                recoveries.append(rec)
+                step_inputs, step_hypo_ids = full, None  # from block 0 on fresh server sessions
+                self._position = 0
+        done_s = time.monotonic()
+        for rec in recoveries:
+            rec.recovered_s = done_s
+        if recoveries:
+            log.warning("lease %s: session recovered on chain %s in %.2f s (%d tokens replayed)",
+                        self.lease.lease_id, self.lease.chain_id, done_s - recoveries[0].detected_s,
+                        recoveries[-1].replayed_tokens)
+        self._history = full
+        return outputs[:, -new.shape[1]:].to(inputs.device)
+
+    def _fail_over(self, peer_id: Any, exc: BaseException, step_started_s: float,
+                   attempt: int) -> FailoverRecord | None:
+        """Get the session off the failed server ``peer_id``; None when the failure is not one to fail over
+        from (no server of the lease named, or a stable server refusing the request again)."""
+        lease, base = self.lease, self._base_manager
+        hop = None
+        if peer_id is not None and lease is not None:
+            hop = next((s for s in lease.spans if s.peer_id == peer_id.to_base58()), None)
+        if hop is None:
+            return None
+        if attempt >= base.options.max_failovers:
+            raise FailoverError(f"lease {lease.lease_id}: gave up after {attempt} failovers in one step; last one "
+                                f"at server {hop.server!r}: {exc!r}") from exc
+        rec = FailoverRecord(hop.server, "", f"{type(exc).__name__}: {exc}"[:500], lease.lease_id, lease.chain_id,
+                             step_started_s=step_started_s, detected_s=time.monotonic())
+        self._drop_server_sessions()
+        rec.action = self._diagnose(hop, exc)
+        log.warning("lease %s (chain %s): server %s failed (%s); %s", lease.lease_id, lease.chain_id, hop.server,
+                    rec.cause, rec.action)
+        if rec.action == "refused":
+            self._refusals += 1
+            if self._refusals > 1:
+                return None
+        elif rec.action == "reloading":
+            self._wait_until_serving(hop)
+        elif rec.action == "moved":
+            self._use_lease(self._new_lease()).release()  # the old chain is no longer offered
+        else:
+            self._report(lease, hop.server)
+        rec.to_lease, rec.to_chain = self.lease.lease_id, self.lease.chain_id
+        if self.record is not None:
+            self.record.failovers.append(rec)
+        return rec
+
+    def _drop_server_sessions(self) -> None:
+        """Close every server session of the broken route (frees their caches); the next step opens new ones."""
+        self._exit_server_sessions(self._server_sessions)
+        self._server_sessions.clear()
+
+    def _server_record(self, name: str) -> dict[str, Any] | None:
+        """The orchestrator's record of server ``name`` (None if unknown or the orchestrator cannot answer)."""
+        try:
+            servers = self._base_manager.orchestrator.run(lambda c: c.servers(), timeout_s=30.0)
+        except Exception as exc:  # cannot ask: the caller falls back to reporting
+            log.warning("GET /servers failed: %s", exc)
+            return None
+        return next((r for r in servers.get("servers", ()) if r.get("name") == name), None)
+
+    @staticmethod
+    def _covers(span: Any, start: int, end: int) -> bool:
+        """Whether a [a, b] list/dict span holds blocks start:end."""
+        if isinstance(span, dict):
+            span = (span.get("start"), span.get("end"))
+        return bool(span) and span[0] is not None and span[0] <= start and end <= span[1]
+
+    def _diagnose(self, hop: Any, exc: BaseException) -> str:
+        """What became of a failed hop's server, as the orchestrator sees it: 'reported' (gone, or alive on paper
+        but unreachable), 'moved' (assigned other blocks), 'reloading' (loading its span), 'refused'."""
+        rec = self._server_record(hop.server)
+        if rec is None or not rec.get("alive"):
+            return "reported"
+        if not self._covers(rec.get("assignment"), hop.start, hop.end):
+            return "moved"
+        if not self._covers(rec.get("serving"), hop.start, hop.end):
+            return "reloading"
+        return "refused" if isinstance(exc, P2PHandlerError) else "reported"
+
+    def _wait_until_serving(self, hop: Any) -> None:
+        """Wait until the hop's server serves its blocks (or stops being assigned them); FailoverError on timeout."""
+        deadline = time.monotonic() + self._base_manager.options.reload_wait_s
+        while time.monotonic() < deadline:
+            rec = self._server_record(hop.server)
+            if rec is None or not rec.get("alive") or not self._covers(rec.get("assignment"), hop.start, hop.end):
+                return  # it died or moved: the next failure on it says which
+            if self._covers(rec.get("serving"), hop.start, hop.end):
+                return
+            time.sleep(0.25)
+        raise FailoverError(f"server {hop.server!r} did not serve blocks {hop.start}:{hop.end} within "
+                            f"{self._base_manager.options.reload_wait_s:g} s")
+
+    def _new_lease(self) -> LeaseInfo:
+        """A fresh lease (waits in the orchestrator's queue like any new session)."""
+        opts = self._base_manager.options
+        return self._base_manager.orchestrator.run(
+            lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client),
+            timeout_s=opts.timeout_s + 60.0,
+        )
+
+    def _report(self, lease: LeaseInfo, server: str) -> None:
+        """Report ``server`` dead under ``lease``; the replacement lease (JFFC, FIFO) takes the old one's place."""
+        opts = self._base_manager.options
+        try:
+            info = self._base_manager.orchestrator.run(
+                lambda c: c.report_failure(lease.lease_id, server, timeout_s=opts.timeout_s),
+                timeout_s=opts.timeout_s + 60.0,
+            )
+        except OrchestratorError as exc:
+            if exc.status != 404:  # 404: our lease expired meanwhile; anything else is a real refusal
+                raise FailoverError(f"lease {lease.lease_id}: reporting server {server!r} failed: {exc.message}") \
+                    from exc
+            info = self._new_lease()
+            self._use_lease(info).release()
+            return
+        self._use_lease(info).stop()  # the orchestrator ended the old lease when it granted this one
 
     def _exit_server_sessions(self, server_sessions: list[Any]) -> None:
         """Close each server session, and mark it closed even when closing failed.
