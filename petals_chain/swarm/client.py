@@ -75,6 +75,7 @@ class FailoverRecord:
     to_lease: str | None = None
     to_chain: str | None = None
     replayed_tokens: int = 0
+    queue_waited_s: float = 0.0  # of the recovery: time the new lease waited for a free slot (orchestrator's view)
     step_started_s: float = 0.0  # time.monotonic() when the step that failed began
     detected_s: float = 0.0  # when petals gave the failure back
     recovered_s: float | None = None  # when that step completed on the new route
@@ -430,6 +431,7 @@ class LeasedInferenceSession(InferenceSession):
         else:
             self._report(lease, hop.server)
         rec.to_lease, rec.to_chain = self.lease.lease_id, self.lease.chain_id
+        rec.queue_waited_s = self.lease.waited_s if rec.to_lease != rec.from_lease else 0.0
         if self.record is not None:
             self.record.failovers.append(rec)
         return rec
