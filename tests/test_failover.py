@@ -97,6 +97,7 @@ class _ChainWatch:
 # ---- orchestrated swarm ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.swarm
 def test_killed_chain_server_is_invisible_to_users(tiny_dir: Path, reference, tmp_path: Path) -> None:
     """Every slot busy, then a server of the two-hop chain is SIGKILLed with its whole process group: each request
     completes with local greedy decoding's tokens (the ones on the dead chain after reporting it, taking a
@@ -280,6 +281,7 @@ def _group_of(sw: LocalSwarm, name: str) -> SwarmProcess:
     return next(p for p in sw.procs if p.name == name)
 
 
+@pytest.mark.swarm
 def test_patched_petals_survives_server_death_and_hang_token_identical(tiny_dir: Path, reference,
                                                                          tmp_path: Path) -> None:
     """patches/0002 alone, with petals' own routing: SIGKILL of the first-hop server mid-generation (noticed by the
@@ -371,3 +373,17 @@ def test_failover_patch_is_installed_and_applies_after_0001(site_copy: Path) -> 
     assert {p: (site_copy / p).read_text() for p in files} == installed
     assert ap.apply_patch(site_copy, PATCH_0002, check_only=False) == "already applied"
     shutil.rmtree(site_copy / "petals")
+
+
+def test_bad_failover_options_are_clear_errors() -> None:
+    """LeaseOptions names the bad failover field."""
+    from petals_chain.model import SpecError
+    from petals_chain.swarm.client import LeaseOptions
+
+    with pytest.raises(SpecError, match="'max_failovers' must be an integer >= 0"):
+        LeaseOptions(max_failovers=-1)
+    with pytest.raises(SpecError, match="'max_failovers'"):
+        LeaseOptions(max_failovers=2.5)
+    with pytest.raises(SpecError, match="'reload_wait_s' must be > 0 seconds"):
+        LeaseOptions(reload_wait_s=0)
+    assert LeaseOptions(max_failovers=0).max_failovers == 0
