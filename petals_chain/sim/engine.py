@@ -123,6 +123,23 @@ def _check_workload(workload: Workload, num_chains: int, warmup_jobs: int) -> No
         )
 
 
+def build_records(arrival: np.ndarray, start: np.ndarray, end: np.ndarray, chain: np.ndarray,
+                  migrations: np.ndarray | int, warmup_jobs: int) -> np.ndarray:
+    """Per-job records (RECORD_DTYPE) of the jobs after the warm-up; the one place records are assembled."""
+    keep = slice(warmup_jobs, None)
+    rec = np.empty(arrival.size - warmup_jobs, dtype=RECORD_DTYPE)
+    rec["job"] = np.arange(warmup_jobs, arrival.size)
+    rec["arrival_s"] = arrival[keep]
+    rec["start_s"] = start[keep]
+    rec["end_s"] = end[keep]
+    rec["chain"] = chain[keep]
+    rec["waiting_s"] = start[keep] - arrival[keep]
+    rec["service_s"] = end[keep] - start[keep]
+    rec["response_s"] = end[keep] - arrival[keep]
+    rec["migrations"] = migrations[keep] if isinstance(migrations, np.ndarray) else migrations
+    return rec
+
+
 def _result(policy: str, engine: str, workload: Workload, start: np.ndarray, end: np.ndarray, chain: np.ndarray,
             migrations: np.ndarray, area_total: float, area_at_warm: float, warmup_jobs: int) -> SimResult:
     """Assemble records, check that every job finished and that Little's law holds over the whole run."""
@@ -136,17 +153,7 @@ def _result(policy: str, engine: str, workload: Workload, start: np.ndarray, end
         raise SimulationError(
             f"{policy}: Little's law broken: ∫N dt = {area_total!r} but Σ response = {response_sum!r}"
         )
-    keep = slice(warmup_jobs, None)
-    rec = np.empty(workload.n_jobs - warmup_jobs, dtype=RECORD_DTYPE)
-    rec["job"] = np.arange(warmup_jobs, workload.n_jobs)
-    rec["arrival_s"] = arrival[keep]
-    rec["start_s"] = start[keep]
-    rec["end_s"] = end[keep]
-    rec["chain"] = chain[keep]
-    rec["waiting_s"] = start[keep] - arrival[keep]
-    rec["service_s"] = end[keep] - start[keep]
-    rec["response_s"] = response[keep]
-    rec["migrations"] = migrations[keep]
+    rec = build_records(arrival, start, end, chain, migrations, warmup_jobs)
     t_w = float(arrival[warmup_jobs])
     t_end = float(end.max())
     return SimResult(policy, engine, rec, workload.n_jobs, warmup_jobs, float(area_total), response_sum,

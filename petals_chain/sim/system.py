@@ -63,7 +63,7 @@ import numpy as np
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.compose.paths import group_by_end, route_dp
 from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
-from petals_chain.sim.engine import LITTLE_RTOL, RECORD_DTYPE, SimResult, SimulationError
+from petals_chain.sim.engine import LITTLE_RTOL, SimResult, SimulationError, build_records
 from petals_chain.sim.workloads import Workload
 
 try:  # the per-request route search runs thousands of times per run: numba makes it ~50x faster
@@ -269,16 +269,7 @@ def _assemble(name: str, graph: RouteGraph, workload: Workload, start: np.ndarra
     route_id: dict[Route, int] = {}
     ids = np.array([route_id.setdefault(r, len(route_id)) for r in job_routes], dtype=np.int32)
     keep = slice(warmup_jobs, None)
-    rec = np.empty(workload.n_jobs - warmup_jobs, dtype=RECORD_DTYPE)
-    rec["job"] = np.arange(warmup_jobs, workload.n_jobs)
-    rec["arrival_s"] = arrival[keep]
-    rec["start_s"] = start[keep]
-    rec["end_s"] = end[keep]
-    rec["chain"] = ids[keep]
-    rec["waiting_s"] = start[keep] - arrival[keep]
-    rec["service_s"] = end[keep] - start[keep]
-    rec["response_s"] = response[keep]
-    rec["migrations"] = 0
+    rec = build_records(arrival, start, end, ids, 0, warmup_jobs)
     t_w = float(arrival[warmup_jobs])
     area_w = _time_integral(arrival, end, t_w)
     return SystemResult(name, "system", rec, workload.n_jobs, warmup_jobs, float(area_total), response_sum, t_w,
