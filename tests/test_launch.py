@@ -438,7 +438,7 @@ def test_relay_delays_measured_between_namespaces_and_server_hook(tmp_path: Path
         assert set(by) == {("client", "a"), ("client", "b"), ("a", "b"), ("b", "a")}
         for r in results:  # relay: only the destination's relay is on the path
             assert r.expected_s == pytest.approx({"a": 0.020, "b": 0.060}[r.server])
-            assert abs(r.median_s - r.expected_s) <= 0.003, latency.format_results(results, launch.method)
+            assert abs(r.median_s - r.expected_s) <= 0.005, latency.format_results(results, launch.method)
         # the server hook: a process in namespace b, bound where a server would bind, reached through the relay
         ep = launch.endpoint(1)
         srv = launch.start_server(1, [PY, "-m", "petals_chain.launch.echo", "serve", "--listen",

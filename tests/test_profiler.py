@@ -192,16 +192,19 @@ def _burn(seconds: float) -> float:
 
 
 def test_slowdown_stretches_cpu_time_by_the_speed_factor() -> None:
-    """At speed 0.5 a call lasts about twice its CPU time; at speed 1 it is not stretched."""
+    """At speed 0.5 a call lasts about twice its CPU time; at speed 1 it never sleeps; at 0.25 it sleeps 3× the CPU."""
     slow = stretched(_burn, 0.5)
     t0, c0 = time.perf_counter(), time.thread_time()
     slow(0.08)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     assert wall >= 1.9 * cpu
-    same = stretched(_burn, 1.0)
-    t0, c0 = time.perf_counter(), time.thread_time()
-    same(0.05)
-    assert time.perf_counter() - t0 < 1.5 * (time.thread_time() - c0) + 0.05
+    sleeps: list[float] = []
+    same = stretched(_burn, 1.0, sleep=sleeps.append)
+    same(0.01)
+    assert sleeps == []  # speed 1: never sleeps (wall-clock free, so a busy machine cannot fail it)
+    quarter = stretched(lambda: None, 0.25, clock=iter([1.0, 1.2]).__next__, sleep=sleeps.append)
+    quarter()
+    assert sleeps == [pytest.approx(0.6)]  # 0.2 s of CPU at a quarter speed: 3 × 0.2 s more
 
 
 def test_speed_factor_from_env_checks_the_value() -> None:
