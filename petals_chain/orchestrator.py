@@ -33,6 +33,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     m.add_argument("--model-name", default="model")
     m.add_argument("--arrival-rate", type=float, help="λ the composition is sized for, requests/s (default 0.2)")
     m.add_argument("--target-load", type=float, help="ρ̄, target utilisation (default 0.7)")
+    m.add_argument("--pin-cluster-times", action="store_true",
+                   help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
+                        "times they measure and report themselves")
     m.add_argument("--c", type=int, default=None, help="fixed reserved concurrency c (default: tuned)")
     m.add_argument("--tune", default="lower", choices=("lower", "upper", "surrogate"),
                    help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
@@ -93,6 +96,8 @@ async def _run(args: argparse.Namespace) -> None:
     from petals_chain.swarm.orchestrator_app import Orchestrator, build_app, serve
 
     registry, planned = build_registry(args)
+    if args.pin_cluster_times and not args.cluster:
+        raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
     for name in ("lease_ttl_s", "heartbeat_timeout_s"):
         if getattr(args, name) < 0:
             raise SpecError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
@@ -101,6 +106,7 @@ async def _run(args: argparse.Namespace) -> None:
         lease_ttl_s=args.lease_ttl_s,
         heartbeat_timeout_s=args.heartbeat_timeout_s or None,
         max_waiting=args.max_waiting,
+        pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
     )
     if planned:
         orch.recompose_now()

@@ -62,3 +62,16 @@ def test_random_event_sequences_keep_invariants():
         assert all(0 <= o <= c for o, c in zip(occ, caps))
         assert pol.queue_length() == 0 or occ == list(caps)  # queue only when every chain is full
         assert sum(occ) == len(on)
+
+
+def test_a_resumed_job_takes_a_free_chain_or_waits_ahead_of_later_arrivals():
+    """on_resume: with a free slot it starts at once on the fastest one; otherwise it queues by job id, so
+    resumed jobs go ahead of every later arrival (and in their own order among themselves)."""
+    p = JFFC([1.0, 2.0], [1, 1])
+    assert [(s.job, s.chain) for s in p.on_resume(7)] == [(7, 1)]  # free: the fastest chain, like an arrival
+    assert [(s.job, s.chain) for s in p.on_arrival(8)] == [(8, 0)]
+    assert p.on_arrival(9) == [] and p.on_arrival(10) == []
+    assert p.on_resume(4) == [] and p.on_resume(2) == [] and p.on_resume(9_999) == []
+    assert p.queued_jobs() == [2, 4, 9, 10, 9_999]
+    assert [(s.job, s.chain) for s in p.on_departure(7, 1)] == [(2, 1)]
+    assert p.queue_length() == 4 and p.occupancy() == [1, 1]

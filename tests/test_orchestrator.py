@@ -394,6 +394,44 @@ def test_waiters_keep_fifo_order_across_a_recomposition_without_chains() -> None
     run(body())
 
 
+def test_a_replacement_lease_keeps_its_place_ahead_of_later_requests() -> None:
+    """A lease whose chain broke asks again with its job: the next free slot is its, not the queue head's;
+    a job that still holds a lease cannot resume, and the queue limit never refuses a resumed job."""
+    from petals_chain.swarm.leases import LeaseManager
+    from petals_chain.swarm.registry import ChainInfo, SpanInfo
+
+    fast = ChainInfo((SpanInfo("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
+    slow = ChainInfo((SpanInfo("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")
+
+    async def body() -> None:
+        lm = LeaseManager(max_waiting=2)
+        lm.set_chains([fast, slow], 1)
+        lx, ly = await lm.acquire(timeout_s=1), await lm.acquire(timeout_s=1)
+        waiters = [asyncio.create_task(lm.acquire(timeout_s=5, client=f"w{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert lm.queue_length() == 2
+        with pytest.raises(ValueError, match="still holds a lease"):
+            await lm.acquire(timeout_s=1, resume_job=ly.job)
+        lm.set_chains([slow], 2)  # x died: its lease is orphaned, y's lease carries over
+        lm.release(lx.lease_id, failed=True)
+        again = asyncio.create_task(lm.acquire(timeout_s=5, replaces=lx.lease_id, resume_job=lx.job))
+        await asyncio.sleep(0.01)
+        assert [job for job, _, _ in lm.queued()][0] == lx.job and lm.queue_length() == 3  # over max_waiting
+        lm.release(ly.lease_id)
+        await asyncio.sleep(0.01)
+        assert again.done() and not any(w.done() for w in waiters)
+        replacement = again.result()
+        assert (replacement.job, replacement.replaces, replacement.chain.chain_id) == (lx.job, lx.lease_id, "y")
+        lm.release(replacement.lease_id)
+        await asyncio.sleep(0.01)
+        assert waiters[0].done() and not waiters[1].done()  # then FIFO among the others
+        lm.release(waiters[0].result().lease_id)
+        lm.release((await waiters[1]).lease_id)
+        assert lm.free_capacity() == 1
+
+    run(body())
+
+
 def test_register_heartbeat_and_report_failure_recompose_with_the_real_pipeline() -> None:
     """Servers register over HTTP → compose(); a reported failure recomposes and re-leases elsewhere."""
     pytest.importorskip("petals_chain.compose.tuning")
@@ -422,6 +460,7 @@ def test_register_heartbeat_and_report_failure_recompose_with_the_real_pipeline(
             victim = lease.spans[0].server
             new = await oc.report_failure(lease.lease_id, victim, timeout_s=10)
             assert new.replaces == lease.lease_id and new.version > lease.version
+            assert new.lease_id.split("-")[0] == lease.lease_id.split("-")[0]  # the same job, keeping its place
             assert victim not in chain_servers(new)
             chains = await oc.chains()
             assert all(victim not in [s["server"] for s in c["spans"]] for c in chains["chains"])
@@ -464,6 +503,35 @@ def test_silent_server_is_marked_dead_and_composed_out() -> None:
     run(body())
 
 
+def test_pinned_servers_keep_the_planned_times_and_bad_figures_are_still_refused() -> None:
+    """A pinned server registers and heartbeats with its own τ, yet the registry keeps the planned τ (no
+    recomposition from its drift); a malformed τ is still a 400 that changes nothing; others keep their own."""
+    from petals_chain.model import ServerSpec
+
+    async def body() -> None:
+        registry = Registry(MODEL, arrival_rate=0.5)
+        plan = ServerSpec("p", 5 * GB, tau_c_s=0.05, tau_p_s=0.5)
+        orch = Orchestrator(registry, heartbeat_timeout_s=None, pinned={"p": plan})
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            await oc.register("p", memory_bytes=5 * GB * (1 + 1e-9), tau_p_s=0.1, tau_c_s=0.01)
+            await oc.register("q", memory_bytes=5 * GB, tau_p_s=0.2, tau_c_s=0.02)
+            rec = registry.servers["p"]
+            assert (rec.tau_p_s, rec.tau_c_s, rec.memory_bytes) == (0.5, 0.05, 5 * GB)
+            assert (registry.servers["q"].tau_p_s, registry.servers["q"].tau_c_s) == (0.2, 0.02)
+            version, recomps = (await oc.health())["version"], orch.recompositions
+            await oc.heartbeat("p", tau_p_s=0.01, tau_c_s=0.001)  # 50× faster by its own clock: ignored
+            assert (rec.tau_p_s, rec.tau_c_s) == (0.5, 0.05)
+            assert (await oc.health())["version"] == version and orch.recompositions == recomps
+            with pytest.raises(OrchestratorError) as err:
+                await oc.heartbeat("p", tau_p_s=-1.0)
+            assert err.value.status == 400 and "tau_p_s" in str(err.value)
+            await oc.heartbeat("q", tau_p_s=0.8)  # unpinned: its drift is taken and recomposed
+            assert registry.servers["q"].tau_p_s == 0.8 and orch.recompositions > recomps
+            assert (rec.tau_p_s, rec.tau_c_s) == (0.5, 0.05)
+
+    run(body())
+
+
 # ---- the JFFC addition and the CLI --------------------------------------------------------------
 
 
@@ -485,6 +553,12 @@ def test_cli_serves_and_rejects_bad_arguments() -> None:
         capture_output=True, text=True, env=env, timeout=60,
     )
     assert bad.returncode == 2 and "--block-bytes" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    unpinnable = subprocess.run(
+        [sys.executable, "-m", "petals_chain.orchestrator", "--model-blocks", "4", "--block-bytes", "1e9",
+         "--cache-bytes", "1e8", "--pin-cluster-times", "--port", "0"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert unpinnable.returncode == 2 and "--pin-cluster-times needs --cluster" in unpinnable.stderr
     proc = subprocess.Popen(
         [sys.executable, "-m", "petals_chain.orchestrator", "--model-blocks", "4", "--block-bytes", "1e9",
          "--cache-bytes", "1e8", "--port", "0", "--token", "t0k"],

@@ -39,6 +39,16 @@ class JFFC:
             heapq.heappop(self._free)
         return [Start(job, k)]
 
+    def on_resume(self, job: int, now: float = 0.0) -> list[Start]:
+        """A job already accepted whose chain broke comes back: the fastest free chain now, or else a place in
+        the queue by job id, ahead of every job that arrived after it (a live orchestrator's failover; the
+        queue is otherwise in arrival order, so FIFO still holds among the original arrivals)."""
+        if self._free:
+            return self.on_arrival(job, now)
+        pos = next((i for i, queued in enumerate(self._queue) if queued > job), len(self._queue))
+        self._queue.insert(pos, job)
+        return []
+
     def on_departure(self, job: int, chain: int, now: float = 0.0) -> list[Start]:
         if self._busy[chain] <= 0:
             raise ValueError(f"JFFC: departure from chain {chain}, which has no job in service")

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -660,49 +659,11 @@ class LiveMethod:
 # ---- the orchestrator of a method (a root-namespace process) ------------------------------------------------
 
 
-def _pinned_orchestrator_class() -> type:
-    """The orchestrator with each server's τp/τc (and budget) pinned to the profiled figures; WS-RR optional."""
-    from petals_chain.swarm.orchestrator_app import Orchestrator
-
-    class PinnedOrchestrator(Orchestrator):
-        """Registrations keep the fitted τ of the cluster file; installs also reach a WS-RR lease manager."""
-
-        def __init__(self, registry: Any, pinned: dict[str, ServerSpec], **kwargs: Any) -> None:
-            super().__init__(registry, **kwargs)
-            self.pinned = pinned
-
-        async def register(self, body: dict[str, Any]) -> Any:
-            """A server registers: its measured τ (its RTT to us skips the emulated delays) yield to the profile."""
-            spec = self.pinned.get(body.get("name"))
-            if spec is not None:
-                body = dict(body, tau_p_s=spec.tau_p_s, tau_c_s=spec.tau_c_s)
-                mem = body.get("memory_bytes")
-                if isinstance(mem, (int, float)) and math.isclose(mem, spec.memory_bytes, rel_tol=1e-6):
-                    body["memory_bytes"] = spec.memory_bytes
-            return await super().register(body)
-
-        async def heartbeat(self, body: dict[str, Any]) -> Any:
-            """Heartbeats carry no τ that could override the profile."""
-            if body.get("name") in self.pinned:
-                body = {k: v for k, v in body.items() if k not in ("tau_p_s", "tau_c_s")}
-            return await super().heartbeat(body)
-
-        def install(self, composition: Composition | None, error: str | None = None) -> int:
-            """Install as usual; a WS-RR lease manager also gets the placement to route over."""
-            version = super().install(composition, error)
-            hook = getattr(self.leases, "set_composition", None)
-            if hook is not None:
-                hook(composition, version)
-            return version
-
-    return PinnedOrchestrator
-
-
 async def _run_orchestrator(args: argparse.Namespace) -> None:
     """Build the method's registry + orchestrator from the cluster file, start its DHT, serve until a signal."""
     from petals_chain.compose.cluster import load_cluster
     from petals_chain.swarm.dht import start_dht
-    from petals_chain.swarm.orchestrator_app import build_app, serve
+    from petals_chain.swarm.orchestrator_app import Orchestrator, build_app, serve
     from petals_chain.swarm.registry import Registry
     from petals_chain.swarm.sizing import block_sizes
 
@@ -721,7 +682,7 @@ async def _run_orchestrator(args: argparse.Namespace) -> None:
                         compose_fn=compose_fn)
     registry.add_planned(cluster.servers)
     kwargs: dict[str, Any] = {"lease_ttl_s": args.lease_ttl_s, "heartbeat_timeout_s": args.heartbeat_timeout_s}
-    orch = _pinned_orchestrator_class()(registry, {s.name: s for s in cluster.servers}, **kwargs)
+    orch = Orchestrator(registry, pinned={s.name: s for s in cluster.servers}, **kwargs)
     if method == "bprr":
         from petals_chain.swarm.ws_rr import WsRrLeaseManager
 

@@ -10,6 +10,7 @@ out of that queue, so no slot is ever handed to nobody and capacity never leaks.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import secrets
 import time
@@ -211,22 +212,33 @@ class LeaseManager:
         ttl_s: float | None = None,
         client: str | None = None,
         replaces: str | None = None,
+        resume_job: int | None = None,
     ) -> Lease:
         """Wait (at most timeout_s) for a slot on the fastest free chain and return the lease.
 
+        ``resume_job`` (the job of a lease whose chain broke) keeps that job's place in line: it takes a
+        free chain at once or waits ahead of every request that arrived after it, never behind them.
         Raises LeaseTimeoutError after timeout_s and QueueFullError when too many already wait;
         if the calling task is cancelled (the client went away) the request leaves the queue.
         """
-        if len(self._waiting) >= self.max_waiting:
+        if resume_job is None and len(self._waiting) >= self.max_waiting:
             raise QueueFullError(f"{len(self._waiting)} requests already wait (max_waiting={self.max_waiting})")
+        if resume_job is not None and (resume_job in self._waiting or resume_job >= self._next_job
+                                       or any(x.job == resume_job for x in self._leases.values())):
+            raise ValueError(f"job {resume_job} cannot resume: it is unknown, waiting or still holds a lease")
         now = self.clock()
-        job = self._next_job
-        self._next_job += 1
+        if resume_job is None:
+            job = self._next_job
+            self._next_job += 1
+        else:
+            job = resume_job
         self.counters.requested += 1
         w = _Waiter(job, asyncio.get_running_loop().create_future(), now, ttl_s or self.default_ttl_s, client, replaces)
         self._waiting[job] = w
         if self._policy is None:
-            self._parked.append(job)
+            bisect.insort(self._parked, job)
+        elif resume_job is not None:
+            self._start_all(self._policy.on_resume(job, now), now)
         else:
             self._start_all(self._policy.on_arrival(job, now), now)
         if not w.future.done():

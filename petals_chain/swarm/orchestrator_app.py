@@ -25,12 +25,12 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
-from petals_chain.model import Composition, SpecError
+from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.swarm.leases import (
     Lease,
     LeaseManager,
@@ -40,6 +40,7 @@ from petals_chain.swarm.leases import (
     UnknownLeaseError,
 )
 from petals_chain.swarm.registry import (
+    MAX_TIME_S,
     ClaimError,
     Registry,
     ServerDeadError,
@@ -47,6 +48,7 @@ from petals_chain.swarm.registry import (
     UnknownServerError,
     chain_infos,
     check_name,
+    check_number,
 )
 
 log = logging.getLogger("petals_chain.orchestrator")
@@ -71,8 +73,12 @@ class Orchestrator:
         heartbeat_timeout_s: float | None = 30.0,
         max_waiting: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        pinned: Mapping[str, ServerSpec] | None = None,
     ) -> None:
         self.registry = registry
+        # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
+        # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).
+        self.pinned: dict[str, ServerSpec] = dict(pinned or {})
         self.leases = LeaseManager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.clock = clock
@@ -90,6 +96,9 @@ class Orchestrator:
         version = self.registry.apply(composition, error)
         chains = chain_infos(composition, version) if composition is not None else None
         self.leases.set_chains(chains, version)
+        hook = getattr(self.leases, "set_composition", None)  # a lease manager that routes over the placement
+        if hook is not None:
+            hook(composition, version)
         self.recompositions += 1
         return version
 
@@ -127,11 +136,17 @@ class Orchestrator:
 
     async def register(self, body: dict[str, Any]) -> ServerRecord:
         """Register or refresh a server; recompose if the live set or its figures changed."""
+        spec = self.pinned.get(body.get("name"))  # type: ignore[arg-type]
+        tau_p, tau_c, memory = body.get("tau_p_s"), body.get("tau_c_s"), body.get("memory_bytes")
+        if spec is not None:
+            tau_p, tau_c = spec.tau_p_s, spec.tau_c_s
+            if isinstance(memory, (int, float)) and math.isclose(memory, spec.memory_bytes, rel_tol=1e-6):
+                memory = spec.memory_bytes  # the same budget, rounded on the way: keep the plan's exact figure
         rec, changed = self.registry.register(
             body.get("name"),
-            body.get("memory_bytes"),
-            body.get("tau_p_s"),
-            body.get("tau_c_s"),
+            memory,
+            tau_p,
+            tau_c,
             now_s=self.clock(),
             peer_id=body.get("peer_id"),
             address=body.get("address"),
@@ -141,13 +156,18 @@ class Orchestrator:
         return rec
 
     async def heartbeat(self, body: dict[str, Any]) -> ServerRecord:
-        """A server is alive and serves ``serving``; recompose if its measured times moved a lot."""
+        """A server is alive and serves ``serving``; recompose if its measured times moved a lot (unless pinned)."""
+        pinned = body.get("name") in self.pinned
+        if pinned:  # its own figures are still checked (a bad one is an error), then set aside for the pinned ones
+            for field in ("tau_p_s", "tau_c_s"):
+                if body.get(field) is not None:
+                    check_number(body[field], field, low=0.0, high=MAX_TIME_S, allow_low=field == "tau_c_s")
         rec, changed = self.registry.heartbeat(
             body.get("name"),
             now_s=self.clock(),
             serving=body.get("serving"),
-            tau_p_s=body.get("tau_p_s"),
-            tau_c_s=body.get("tau_c_s"),
+            tau_p_s=None if pinned else body.get("tau_p_s"),
+            tau_c_s=None if pinned else body.get("tau_c_s"),
         )
         if changed:
             await self.recompose()
@@ -164,7 +184,8 @@ class Orchestrator:
     async def report_failure(
         self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None
     ) -> Lease:
-        """A client's chain broke at ``server``: mark it dead, recompose, and lease a replacement chain."""
+        """A client's chain broke at ``server``: mark it dead, recompose, and lease a replacement chain; the
+        request keeps its place in line (ahead of every request that arrived after it)."""
         lease = self.leases.get(lease_id)
         if server not in {s.server for s in lease.chain.spans}:
             on_chain = [s.server for s in lease.chain.spans]
@@ -173,7 +194,7 @@ class Orchestrator:
         if self.leases.has(lease_id):  # it may have expired while we recomposed
             self.leases.release(lease_id, failed=True)
         return await self.leases.acquire(timeout_s=timeout_s, ttl_s=ttl_s or lease.ttl_s, client=lease.client,
-                                         replaces=lease_id)
+                                         replaces=lease_id, resume_job=lease.job)  # keeps its place in line
 
     def lease_json(self, lease: Lease) -> dict[str, Any]:
         """A lease as the API returns it: ids, version, timing and spans with peer ids."""

@@ -189,8 +189,10 @@ class WsRrLeaseManager(LeaseManager):
     # ---- the LeaseManager API ---------------------------------------------------------------------------------
 
     async def acquire(self, *, timeout_s: float, ttl_s: float | None = None, client: str | None = None,
-                      replaces: str | None = None) -> Lease:
-        """Route and commit the request, then wait (at most timeout_s) until it may start on its route."""
+                      replaces: str | None = None, resume_job: int | None = None) -> Lease:
+        """Route and commit the request, then wait (at most timeout_s) until it may start on its route.
+
+        BPRR has no failover of its own, so a replacement (``resume_job``) is routed like a new request."""
         if len(self._fifo) >= self.max_waiting:
             raise QueueFullError(f"{len(self._fifo)} requests already wait (max_waiting={self.max_waiting})")
         if self._graph is None:
