@@ -49,6 +49,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s.add_argument("--max-memory-bytes", type=float, default=MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd")
     s.add_argument("--max-waiting", type=int, default=100_000, help="most lease requests allowed to wait at once")
+    s.add_argument("--offer-unready-chains", action="store_true",
+                   help="offer a chain as soon as it is composed (default: once every server on it reports that "
+                        "it serves its span; a client then waits for a server still loading)")
     d = p.add_argument_group("DHT (servers and clients then find it through GET /health)")
     d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join")
     d.add_argument("--start-dht", action="store_true", help="start a new DHT node here (or join --initial-peers)")
@@ -107,6 +110,7 @@ async def _run(args: argparse.Namespace) -> None:
         heartbeat_timeout_s=args.heartbeat_timeout_s or None,
         max_waiting=args.max_waiting,
         pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
+        offer_when_serving=not args.offer_unready_chains,
     )
     if planned:
         orch.recompose_now()

@@ -432,6 +432,54 @@ def test_a_replacement_lease_keeps_its_place_ahead_of_later_requests() -> None:
     run(body())
 
 
+def test_chains_are_offered_only_once_their_servers_serve_their_spans() -> None:
+    """offer_when_serving: nothing is leased while the servers load; a chain appears when every server on it
+    reports its span; a server that reloads (or re-registers) withdraws its chains, its lease keeps its slot
+    and takes it up again when the server serves once more."""
+    pytest.importorskip("petals_chain.compose.tuning")
+
+    async def body() -> None:
+        registry = Registry(MODEL, arrival_rate=0.5)
+        orch = Orchestrator(registry, heartbeat_timeout_s=None, offer_when_serving=True)
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            for i in range(3):
+                await oc.register(f"s{i}", memory_bytes=5 * GB, tau_p_s=0.1 * (i + 1), tau_c_s=0.02)
+            h = await oc.health()
+            assert h["composition"] and h["chains_composed"] >= 1 and (h["chains"], h["capacity"]) == (0, 0)
+            with pytest.raises(OrchestratorError) as err:
+                await oc.lease(timeout_s=0.2)
+            assert err.value.status == 503
+            assigned = {f"s{i}": await oc.assignment(f"s{i}") for i in range(3)}
+            holders = {n: (x.start, x.end) for n, x in assigned.items() if x.end > x.start}
+            waiting = asyncio.create_task(oc.lease(timeout_s=10))
+            for n, span in holders.items():
+                await oc.heartbeat(n, serving=(span[0], span[0]))  # still loading
+            await asyncio.sleep(0.05)
+            assert not waiting.done() and (await oc.health())["capacity"] == 0
+            for n, span in holders.items():
+                await oc.heartbeat(n, serving=span)
+            lease = await asyncio.wait_for(waiting, 5)
+            h = await oc.health()
+            assert h["chains"] == h["chains_composed"] and h["capacity"] >= 1 and h["free"] == h["capacity"] - 1
+            full = h["capacity"]
+            on = lease.spans[0].server
+            await oc.heartbeat(on, serving=(holders[on][0], holders[on][0]))  # reloading: its chains withdrawn
+            h = await oc.health()
+            assert h["chains"] < h["chains_composed"] and h["capacity"] < full and h["orphaned_leases"] == 1
+            assert all(on not in [sp["server"] for sp in c["spans"]] for c in (await oc.chains())["chains"])
+            await oc.heartbeat(on, serving=holders[on])  # back: the lease takes its slot again
+            h = await oc.health()
+            assert (h["capacity"], h["free"], h["orphaned_leases"]) == (full, full - 1, 0)
+            await oc.register(on, memory_bytes=5 * GB, tau_p_s=0.1 * (int(on[1]) + 1), tau_c_s=0.02)  # restarted
+            assert registry.servers[on].serving is None and (await oc.health())["capacity"] < full
+            await oc.heartbeat(on, serving=holders[on])
+            await oc.release(lease.lease_id)
+            h = await oc.health()
+            assert (h["capacity"], h["free"], h["active_leases"]) == (full, full, 0)
+
+    run(body())
+
+
 def test_register_heartbeat_and_report_failure_recompose_with_the_real_pipeline() -> None:
     """Servers register over HTTP → compose(); a reported failure recomposes and re-leases elsewhere."""
     pytest.importorskip("petals_chain.compose.tuning")
@@ -575,6 +623,9 @@ def test_cli_serves_and_rejects_bad_arguments() -> None:
                 assert h["composition"] is False
                 assert h["dht"] is None and h["model"]["num_blocks"] == 4  # no DHT asked for (see test_swarm.py)
                 await oc.register("s0", memory_bytes=5 * GB, tau_p_s=0.1, tau_c_s=0.01)
+                with pytest.raises(OrchestratorError):  # composed, but s0 has not said it serves its blocks yet
+                    await oc.lease(timeout_s=0.3)
+                await oc.heartbeat("s0", serving=(0, 4))
                 lease = await oc.lease(timeout_s=10)
                 assert [(s.start, s.end) for s in lease.spans] == [(0, 4)]
                 await oc.release(lease.lease_id)

@@ -682,7 +682,7 @@ async def _run_orchestrator(args: argparse.Namespace) -> None:
                         compose_fn=compose_fn)
     registry.add_planned(cluster.servers)
     kwargs: dict[str, Any] = {"lease_ttl_s": args.lease_ttl_s, "heartbeat_timeout_s": args.heartbeat_timeout_s}
-    orch = Orchestrator(registry, pinned={s.name: s for s in cluster.servers}, **kwargs)
+    orch = Orchestrator(registry, pinned={s.name: s for s in cluster.servers}, offer_when_serving=True, **kwargs)
     if method == "bprr":
         from petals_chain.swarm.ws_rr import WsRrLeaseManager
 

@@ -41,6 +41,7 @@ from petals_chain.swarm.leases import (
 )
 from petals_chain.swarm.registry import (
     MAX_TIME_S,
+    ChainInfo,
     ClaimError,
     Registry,
     ServerDeadError,
@@ -74,11 +75,17 @@ class Orchestrator:
         max_waiting: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
         pinned: Mapping[str, ServerSpec] | None = None,
+        offer_when_serving: bool = False,
     ) -> None:
         self.registry = registry
         # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
         # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).
         self.pinned: dict[str, ServerSpec] = dict(pinned or {})
+        # Offer a chain only once every server on it reports (by heartbeat) that it serves its span: a lease is
+        # never granted on a server still loading its blocks, or one planned from a cluster file but not up yet.
+        self.offer_when_serving = offer_when_serving
+        self._composed: list[ChainInfo] = []  # every chain of the current composition
+        self._offered: tuple[tuple[tuple[str, int, int], ...], ...] | None = None  # keys offered now
         self.leases = LeaseManager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.clock = clock
@@ -94,8 +101,8 @@ class Orchestrator:
     def install(self, composition: Composition | None, error: str | None = None) -> int:
         """Make ``composition`` current (registry assignments + offered chains); return its version."""
         version = self.registry.apply(composition, error)
-        chains = chain_infos(composition, version) if composition is not None else None
-        self.leases.set_chains(chains, version)
+        self._composed = chain_infos(composition, version) if composition is not None else []
+        self._offer(force=True)
         hook = getattr(self.leases, "set_composition", None)  # a lease manager that routes over the placement
         if hook is not None:
             hook(composition, version)
@@ -125,12 +132,30 @@ class Orchestrator:
                 self._applied_generation = gen
                 self.install(comp, err)
 
+    def _ready(self, chain: ChainInfo) -> bool:
+        """Every server of the chain is alive (and, with offer_when_serving, serves its span there)."""
+        for span in chain.spans:
+            rec = self.registry.servers.get(span.server)
+            if rec is None or not rec.alive:
+                return False
+            if self.offer_when_serving and not (
+                rec.serving is not None and rec.serving[0] <= span.start and span.end <= rec.serving[1]
+            ):
+                return False
+        return True
+
+    def _offer(self, *, force: bool = False) -> None:
+        """Offer the composed chains that are ready now; leases on a withdrawn chain keep their slot accounting
+        and take it up again when the chain comes back (the lease manager matches chains by servers and spans)."""
+        ready = [c for c in self._composed if self._ready(c)]
+        keys = tuple(c.key for c in ready)
+        if force or keys != self._offered:
+            self._offered = keys
+            self.leases.set_chains(ready or None, self.registry.version)
+
     def _retire_dead_chains(self) -> None:
         """Stop offering chains through a dead server at once, before the recomposition lands."""
-        chains = self.leases.chains
-        alive = [c for c in chains if all(self.registry.servers[s.server].alive for s in c.spans)]
-        if len(alive) != len(chains):
-            self.leases.set_chains(alive or None, self.registry.version)
+        self._offer()
 
     # ---- servers --------------------------------------------------------------------------------
 
@@ -153,6 +178,8 @@ class Orchestrator:
         )
         if changed:
             await self.recompose()
+        else:
+            self._offer()  # a (re)starting server serves nothing yet: its chains wait for its heartbeat
         return rec
 
     async def heartbeat(self, body: dict[str, Any]) -> ServerRecord:
@@ -171,6 +198,8 @@ class Orchestrator:
         )
         if changed:
             await self.recompose()
+        else:
+            self._offer()  # it may have finished (or started) loading its span
         return rec
 
     async def server_failed(self, name: str, reason: str) -> None:
@@ -245,6 +274,7 @@ class Orchestrator:
             "servers_registered": len(self.registry.servers),
             "servers_alive": len(self.registry.alive()),
             "chains": len(snap.capacities),
+            "chains_composed": len(self._composed),  # more than "chains" while some servers still load
             "capacity": sum(snap.capacities),
             "free": self.leases.free_capacity(),
             "queue_length": snap.queue_length,

@@ -225,6 +225,7 @@ class Registry:
             if changed:
                 rec.tau_p_s, rec.tau_c_s = tp, tc
             rec.alive, rec.dead_reason = True, ""
+            rec.serving = None  # a server (re)registers before it loads anything; its heartbeats say when it serves
         if changed:
             self.generation += 1
         return rec, changed
