@@ -104,6 +104,15 @@ def test_summary_statistics_and_littles_law() -> None:
     res = ReplayResult("m", recs, np.column_stack([t[::50], n]), 30.0)
     sampled, lw = littles_law(res)
     assert sampled == pytest.approx(lw, rel=0.02)
+    # A starved monitor: while 3 or more are in flight it samples 8 times less often. The time-weighted
+    # mean still matches λW; a plain mean of the samples would not.
+    grid = t[::50]
+    keep = (n < 3) | (np.arange(grid.size) % 8 == 0)
+    sparse = np.column_stack([grid[keep], n[keep]])
+    sampled, lw = littles_law(ReplayResult("m", recs, sparse, 30.0))
+    assert sampled == pytest.approx(lw, rel=0.05)
+    inside = (sparse[:, 0] >= 0.0) & (sparse[:, 0] <= max(r.end_s for r in recs[:10]))
+    assert abs(sparse[inside, 1].mean() - lw) > 0.1 * lw
     cut = RequestRecord("m", 11, 5.0, math.nan, 65.0, 60.0, math.nan, 60.0, 8, 4, 0, 3, 0.0, "", "not finished",
                         censored=True)
     s2 = summarize(recs + [cut])

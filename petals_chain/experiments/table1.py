@@ -299,16 +299,24 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, float]:
 def littles_law(result: ReplayResult) -> tuple[float, float]:
     """(time-average of the sampled in-flight count over [first arrival, last end], λ̂·W̄ from the records).
 
-    Both equal ∫N(t)dt / window when the records are consistent with what was really in flight.
+    Both equal ∫N(t)dt / window when the records are consistent with what was really in flight. Each
+    sample holds until the next one (a step function): a monitor thread starved of CPU while many
+    requests run samples busy periods less often, and a plain mean of the samples would under-count them.
     """
     ok = [r for r in result.records if not r.error or r.censored]
     if not ok or result.samples.size == 0:
         return math.nan, math.nan
     lo = min(r.arrival_s for r in ok)
     hi = max(r.end_s for r in ok)
-    t, n = result.samples[:, 0], result.samples[:, 1]
+    order = np.argsort(result.samples[:, 0], kind="stable")
+    t, n = result.samples[order, 0], result.samples[order, 1]
     inside = (t >= lo) & (t <= hi)
-    sampled = float(n[inside].mean()) if inside.any() else math.nan
+    if inside.any():
+        ti, ni = t[inside], n[inside]
+        held = np.diff(np.append(ti, hi))  # each sample until the next one; the last until the window ends
+        sampled = float(np.dot(ni, held) / held.sum()) if held.sum() > 0 else float(ni.mean())
+    else:
+        sampled = math.nan
     lam = len(ok) / (hi - lo)
     return sampled, lam * float(np.mean([r.response_s for r in ok]))
 
