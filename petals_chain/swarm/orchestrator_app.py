@@ -40,7 +40,6 @@ from petals_chain.swarm.leases import (
     UnknownLeaseError,
 )
 from petals_chain.swarm.registry import (
-    MAX_TIME_S,
     ChainInfo,
     ClaimError,
     Registry,
@@ -49,7 +48,6 @@ from petals_chain.swarm.registry import (
     UnknownServerError,
     chain_infos,
     check_name,
-    check_number,
 )
 
 log = logging.getLogger("petals_chain.orchestrator")
@@ -153,10 +151,6 @@ class Orchestrator:
             self._offered = keys
             self.leases.set_chains(ready or None, self.registry.version)
 
-    def _retire_dead_chains(self) -> None:
-        """Stop offering chains through a dead server at once, before the recomposition lands."""
-        self._offer()
-
     # ---- servers --------------------------------------------------------------------------------
 
     async def register(self, body: dict[str, Any]) -> ServerRecord:
@@ -184,17 +178,13 @@ class Orchestrator:
 
     async def heartbeat(self, body: dict[str, Any]) -> ServerRecord:
         """A server is alive and serves ``serving``; recompose if its measured times moved a lot (unless pinned)."""
-        pinned = body.get("name") in self.pinned
-        if pinned:  # its own figures are still checked (a bad one is an error), then set aside for the pinned ones
-            for field in ("tau_p_s", "tau_c_s"):
-                if body.get(field) is not None:
-                    check_number(body[field], field, low=0.0, high=MAX_TIME_S, allow_low=field == "tau_c_s")
         rec, changed = self.registry.heartbeat(
             body.get("name"),
             now_s=self.clock(),
             serving=body.get("serving"),
-            tau_p_s=None if pinned else body.get("tau_p_s"),
-            tau_c_s=None if pinned else body.get("tau_c_s"),
+            tau_p_s=body.get("tau_p_s"),
+            tau_c_s=body.get("tau_c_s"),
+            keep_times=body.get("name") in self.pinned,  # its own figures are checked, the pinned ones kept
         )
         if changed:
             await self.recompose()
@@ -205,7 +195,7 @@ class Orchestrator:
     async def server_failed(self, name: str, reason: str) -> None:
         """Mark a server dead, stop offering its chains, and recompose without it."""
         if self.registry.mark_dead(name, reason):
-            self._retire_dead_chains()
+            self._offer()  # stop offering its chains at once, before the recomposition lands
             await self.recompose()
 
     # ---- leases ---------------------------------------------------------------------------------
@@ -249,7 +239,7 @@ class Orchestrator:
             gone = self.registry.expire(self.clock(), self.heartbeat_timeout_s)
             if gone:
                 log.warning("servers without heartbeat marked dead: %s", gone)
-                self._retire_dead_chains()
+                self._offer()  # stop offering their chains at once, before the recomposition lands
                 await self.recompose()
 
     async def run_sweeper(self, interval_s: float = 0.5) -> None:

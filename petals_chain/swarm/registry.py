@@ -254,11 +254,13 @@ class Registry:
         serving: Any = None,
         tau_p_s: Any = None,
         tau_c_s: Any = None,
+        keep_times: bool = False,
     ) -> tuple[ServerRecord, bool]:
         """Record that a server is alive and what it serves; return (record, recomposition needed).
 
         ``serving`` is the PETALS span [start, end) it currently holds; it must be its current or
         its previous assignment (a server still reloading), else ClaimError and nothing changes.
+        With ``keep_times`` (a server whose times the operator pinned) the reported τ are checked but not taken.
         """
         name = check_name(name)
         rec = self.get(name)
@@ -270,6 +272,8 @@ class Registry:
         rec.last_heartbeat_s = now_s
         rec.serving = span
         changed = False
+        if keep_times:
+            tp = tc = None
         if tp is not None and not math.isclose(rec.tau_p_s, tp, rel_tol=0.25):
             rec.tau_p_s, changed = tp, True
         if tc is not None and not math.isclose(rec.tau_c_s, tc, rel_tol=0.25, abs_tol=1e-3):
