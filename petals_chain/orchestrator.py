@@ -13,7 +13,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.swarm.registry import MAX_MEMORY_BYTES, Registry
@@ -147,10 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run until SIGINT/SIGTERM; one line and exit code 2 on bad input."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_service(_run(args))
+
+
+def run_service(service: Coroutine[Any, Any, None]) -> int:
+    """Run a service until SIGINT/SIGTERM (exit code 0); bad input or an unusable port: one line, exit code 2."""
     try:
-        asyncio.run(_run(args))
+        asyncio.run(service)
     except (SpecError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         pass

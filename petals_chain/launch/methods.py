@@ -24,7 +24,6 @@ Every session of every method reserves cache for the static job length (the pape
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -741,14 +740,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "dht":
         return _run_dht(args.host)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        asyncio.run(_run_orchestrator(args))
-    except (SpecError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    except KeyboardInterrupt:
-        pass
-    return 0
+    from petals_chain.orchestrator import run_service
+
+    return run_service(_run_orchestrator(args))
 
 
 if __name__ == "__main__":
