@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from petals_chain.experiments import EXPERIMENTS, load
-from petals_chain.experiments.common import REPO, update_readme
+from petals_chain.experiments.common import REPO, publish
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         t0 = time.perf_counter()
         summary = load(name).run(args)
-        update_readme(args.out, summary)
-        print(f"== {name}: {summary.title} ({time.perf_counter() - t0:.1f} s)")
-        for line in summary.lines:
-            print(f"   {line}")
+        publish(args.out, summary, time.perf_counter() - t0)
     return 0
 
 

@@ -70,6 +70,15 @@ def update_readme(out_dir: Path, summary: Summary) -> Path:
     return path
 
 
+def publish(out_dir: Path, summary: Summary, elapsed_s: float | None = None) -> None:
+    """Record the experiment in out_dir/README.md (and its JSON), then print its headline lines."""
+    update_readme(out_dir, summary)
+    took = f" ({elapsed_s:.1f} s)" if elapsed_s is not None else ""
+    print(f"== {summary.name}: {summary.title}{took}")
+    for line in summary.lines:
+        print(f"   {line}")
+
+
 def plt():
     """matplotlib.pyplot on the Agg backend with readable defaults."""
     import matplotlib

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import REPO, Summary, plt, update_readme
+from petals_chain.experiments.common import REPO, Summary, plt, publish
 from petals_chain.model import InfeasibleError, SpecError
 
 DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
@@ -677,10 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: torn down", file=sys.stderr)
         return 130
-    update_readme(args.out, summary)
-    print(f"== table1: {summary.title}")
-    for line in summary.lines:
-        print(f"   {line}")
+    publish(args.out, summary)
     return 0
 
 
