@@ -15,7 +15,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from petals_chain.sim.network import draw_topology  # noqa: E402
+from petals_chain.data.ripe import draw_topology  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "clusters"
 

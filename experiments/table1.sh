@@ -9,10 +9,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PYTHONWARNINGS=ignore
-if [ -z "${PETALS_CHAIN_DATA:-}" ] && [ -d "$ROOT/../shared/data" ]; then
-  PETALS_CHAIN_DATA="$(cd "$ROOT/../shared/data" && pwd)"
-  export PETALS_CHAIN_DATA
-fi
 testbed="experiments/testbeds/cpu_emulated.yaml"
 profile="results/profile/cpu-emulated.json"
 prev=""

@@ -12,4 +12,4 @@ MODEL_DIR="$(bash scripts/prepare_model.sh)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PYTHONWARNINGS=ignore
 # The Python launcher owns the swarm: each process in its own session (setsid), torn down by process group in a
 # finally block, also on Ctrl-C. exec keeps Ctrl-C going straight to it.
-exec "$ROOT/.venv/bin/python" -m petals_chain.swarm.demo --model-dir "$MODEL_DIR" "$@"
+exec "$ROOT/.venv/bin/python" -m petals_chain.loopback.demo --model-dir "$MODEL_DIR" "$@"

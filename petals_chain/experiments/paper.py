@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain.model import ModelSpec, ServerSpec
-from petals_chain.profile import bloom_176b
+from petals_chain.service_time import bloom_176b
 
 
 @dataclass(frozen=True)

@@ -486,7 +486,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, list[str]]:
     """Testbed, the first N requests of the trace, the model set-up and the methods; SpecError/TraceError if bad."""
     from petals_chain.launch.methods import model_setup
     from petals_chain.launch.testbed import load_testbed
-    from petals_chain.sim.workloads import read_azure_trace
+    from petals_chain.data.azure import read_azure_trace
 
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if bad := [m for m in methods if m not in METHOD_ORDER]:

@@ -6,7 +6,7 @@ arithmetic sees is the *shape*: how many model copies a server's memory holds (M
 how heavy the cache is relative to a block (s_c / s_m), and how much slower a low-end server is
 (τp ratio). Emulating on a small model keeps all three: a server's budget is
 ``M_j · (L'·s_m') / (L·s_m)``, the cache per block per job is ``s_m' · s_c / s_m``, and the speed
-factor of a kind is ``τp(fastest kind) / τp(kind)`` from :mod:`petals_chain.profile`.
+factor of a kind is ``τp(fastest kind) / τp(kind)`` from :mod:`petals_chain.service_time`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from petals_chain.model import ModelSpec, SpecError
-from petals_chain.profile import PAPER_DEVICES, Workload, tau_p
+from petals_chain.service_time import PAPER_DEVICES, Workload, tau_p
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ root namespace that call ``generate()``:
   itself (``min_latency`` with the 10 s alloc penalty) and retries a full server with PETALS'
   backoff. Nothing of PETALS is patched.
 * ``bprr``: orchestrated servers on BPRR's CG-BP placement; the orchestrator routes every request by
-  WS-RR (:mod:`petals_chain.swarm.ws_rr`).
+  WS-RR (:mod:`petals_chain.orchestrator.ws_rr_leases`).
 * ``jffc_only``: every server that holds the whole model is a one-server chain; JFFC leases.
 * ``proposed``: GBP-CR + GCA with c tuned by the Theorem 3.7 lower bound; JFFC leases.
 
-Orchestrated methods use the orchestrator of :mod:`petals_chain.swarm.orchestrator_app` with the
+Orchestrated methods use the orchestrator of :mod:`petals_chain.orchestrator.app` with the
 servers' τp/τc pinned to the profiler's fitted values (a server's own RTT to the orchestrator does
 not cross the emulated delays), started by ``python -m petals_chain.launch.methods orchestrator``.
 Every session of every method reserves cache for the static job length (the paper's s_c).
@@ -91,7 +91,7 @@ class ModelSetup:
 
 def model_setup(testbed: Testbed, model_dir: str | Path | None = None, dtype: str = DEFAULT_DTYPE) -> ModelSetup:
     """Sizes of the testbed's checkpoint; the job length is the testbed's s_c in tokens of this checkpoint."""
-    from petals_chain.swarm.sizing import block_sizes, check_model_dir, load_config
+    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, load_config
 
     path = model_dir or testbed.model_path
     if path is None:
@@ -301,7 +301,7 @@ def wait_petals_servers(dht: Any, uids: Sequence[str], names: Sequence[str], swa
 def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeout_s: float = 300.0,
                       stable_s: float = 2.0) -> dict[str, Any]:
     """Until every named server registered and serves exactly its assignment (unchanged for stable_s)."""
-    from petals_chain.swarm.local_swarm import http_json
+    from petals_chain.loopback.swarm import http_json
 
     deadline = time.monotonic() + timeout_s
     ok_since, last = None, None
@@ -422,7 +422,7 @@ class LeasingClient:
     """The orchestrated client: every session leases a chain (JFFC or WS-RR) before it starts."""
 
     def __init__(self, setup: ModelSetup, url: str, lease_timeout_s: float = 3600.0) -> None:
-        from petals_chain.swarm.client import AutoDistributedModelForCausalLM
+        from petals_chain.client.session import AutoDistributedModelForCausalLM
 
         self.setup = setup
         self.model = AutoDistributedModelForCausalLM.from_pretrained(
@@ -616,7 +616,7 @@ class LiveMethod:
                 "--dtype", setup.dtype, "--model-name", setup.name, "--host", self.swarm.host, "--port", "0"]
         self.swarm.spawn_root("orchestrator", argv)
         self.url = self.swarm.wait_line("orchestrator", READY_LINE, 120.0).group(1)
-        from petals_chain.swarm.local_swarm import http_json
+        from petals_chain.loopback.swarm import http_json
 
         index = {s.name: j for j, s in enumerate(self.swarm.launch.testbed.servers)}
         holding = [r["name"] for r in http_json(self.url + "/servers")["servers"]
@@ -661,10 +661,10 @@ class LiveMethod:
 async def _run_orchestrator(args: argparse.Namespace) -> None:
     """Build the method's registry + orchestrator from the cluster file, start its DHT, serve until a signal."""
     from petals_chain.compose.cluster import load_cluster
-    from petals_chain.swarm.dht import start_dht
-    from petals_chain.swarm.orchestrator_app import Orchestrator, build_app, serve
-    from petals_chain.swarm.registry import Registry
-    from petals_chain.swarm.sizing import block_sizes
+    from petals_chain.orchestrator.dht import start_dht
+    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+    from petals_chain.orchestrator.registry import Registry
+    from petals_chain.checkpoint.sizing import block_sizes
 
     cluster = load_cluster(args.cluster)
     model = block_sizes(args.model_dir, args.dtype, args.max_length).model_spec(args.model_name)
@@ -683,7 +683,7 @@ async def _run_orchestrator(args: argparse.Namespace) -> None:
     kwargs: dict[str, Any] = {"lease_ttl_s": args.lease_ttl_s, "heartbeat_timeout_s": args.heartbeat_timeout_s}
     orch = Orchestrator(registry, pinned={s.name: s for s in cluster.servers}, offer_when_serving=True, **kwargs)
     if method == "bprr":
-        from petals_chain.swarm.ws_rr import WsRrLeaseManager
+        from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 
         orch.leases = WsRrLeaseManager(default_ttl_s=args.lease_ttl_s, clock=orch.clock)
     orch.recompose_now()
@@ -706,7 +706,7 @@ async def _run_orchestrator(args: argparse.Namespace) -> None:
 
 def _run_dht(host: str) -> int:
     """A DHT bootstrap node on ``host``: prints 'ready MADDRS', serves until SIGTERM/SIGINT."""
-    from petals_chain.swarm.dht import start_dht
+    from petals_chain.orchestrator.dht import start_dht
 
     dht = start_dht([], [f"/ip4/{host}/tcp/0"])
     print(f"ready {' '.join(dht.visible_maddrs)}", flush=True)
@@ -740,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "dht":
         return _run_dht(args.host)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from petals_chain.orchestrator import run_service
+    from petals_chain.orchestrator.cli import run_service
 
     return run_service(_run_orchestrator(args))
 

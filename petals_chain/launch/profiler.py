@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.model import SpecError
-from petals_chain.profile import PER_TOKEN_OVERHEAD_S
+from petals_chain.service_time import PER_TOKEN_OVERHEAD_S
 
 STEP_KINDS = ("prefill", "decode")
 PARAMS = ("round_trip_s", "session_s", "t_o_s", "t_in_s", "t_out_s")

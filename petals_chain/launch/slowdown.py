@@ -93,9 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.argv = ["petals.cli.run_server", *rest]
         run_server.main()
         return 0
-    from petals_chain import server
+    from petals_chain.server import cli as server_cli
 
-    return server.main(rest)
+    return server_cli.main(rest)
 
 
 if __name__ == "__main__":

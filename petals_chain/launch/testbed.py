@@ -20,7 +20,7 @@ Format (units as people write them; converted to SI here)::
       - {name: s0, memory_budget: 1.311GB, speed_factor: 1.0}
     latency:                         # round trip client <-> each server
       rtt_ms: {s0: 20, s1: 60}       # explicit per server (a single number applies to all), OR
-      ripe_atlas: {seed: 7}          # drawn by petals_chain.sim.network.draw_topology (optional file:)
+      ripe_atlas: {seed: 7}          # drawn by petals_chain.data.ripe.draw_topology (optional file:)
       method: auto                   # auto | netem | relay (how delays are made; auto = netem if the kernel has it)
     trace:                           # optional request trace (Azure LLM format), must exist
       path: ${DATA}/azure_llm_2023_code.csv
@@ -29,7 +29,7 @@ Format (units as people write them; converted to SI here)::
       subnet: 10.213.0.0/16          # private IPv4 range for the /30 veth pairs (one per server)
       port: 31337                    # each server's listen port inside its namespace
 
-Paths: ``${DATA}`` is the shared data folder (:func:`petals_chain.sim.network.data_dir`),
+Paths: ``${DATA}`` is the shared data folder (:func:`petals_chain.data.data_dir`),
 ``${REPO}`` the repository root, other ``${VAR}`` come from the environment; a relative path is
 relative to the testbed file. Servers without a ``name`` are called s0, s1, ... in file order.
 """
@@ -50,7 +50,8 @@ import yaml
 
 from petals_chain.launch import mig_profiles
 from petals_chain.model import ModelSpec, SpecError
-from petals_chain.sim import network
+from petals_chain.data import DataDirError, data_dir
+from petals_chain.data.ripe import draw_topology, load_ripe_atlas
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DELAY_METHODS = ("auto", "netem", "relay")
@@ -203,7 +204,10 @@ def resolve_path(where: str, value: Any, base: Path) -> Path:
         """The value of one ``${VAR}``."""
         var = m.group(1)
         if var == "DATA":
-            return str(network.data_dir())
+            try:
+                return str(data_dir())
+            except DataDirError as exc:
+                raise TestbedError(f"{where}: ${{DATA}}: {exc}") from None
         if var == "REPO":
             return str(REPO_ROOT)
         if var in os.environ:
@@ -315,8 +319,8 @@ def _latency(where: str, raw: Any, names: list[str], base: Path) -> tuple[list[f
     seed = _integer(f"{where}.ripe_atlas.seed", ra["seed"], 0)
     file = resolve_path(f"{where}.ripe_atlas.file", ra["file"], base) if "file" in ra else None
     try:
-        anchors = network.load_ripe_atlas(file)
-        topo = network.draw_topology(len(names), np.random.default_rng(seed), anchors)
+        anchors = load_ripe_atlas(file)
+        topo = draw_topology(len(names), np.random.default_rng(seed), anchors)
     except (FileNotFoundError, SpecError) as err:
         raise TestbedError(f"{where}.ripe_atlas: {err}") from None
     return [float(x) for x in topo.server_rtt_s], "ripe_atlas", seed, method

@@ -1,0 +1,5 @@
+"""The orchestrator: server registry, composition, leases (JFFC or WS-RR), its HTTP app, and the client of that API.
+
+Run it as ``python -m petals_chain.orchestrator``; servers and clients talk to it through
+:mod:`petals_chain.orchestrator.client` (async) or :mod:`petals_chain.orchestrator.blocking`.
+"""

@@ -1,0 +1,93 @@
+"""A blocking face of the async OrchestratorClient, for PETALS' synchronous server and client code.
+
+One daemon thread runs an asyncio loop with one ``OrchestratorClient``; any thread
+calls ``run(coro_fn)`` and waits. Long-polls (a lease waiting in the queue) do not
+block other calls: they are coroutines on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+
+from petals_chain.orchestrator.client import OrchestratorClient
+
+T = TypeVar("T")
+
+
+class OrchestratorUnreachableError(ConnectionError):
+    """The orchestrator's URL cannot be reached (not running, wrong port, wrong host)."""
+
+
+class BlockingOrchestrator:
+    """Calls the orchestrator's HTTP API from synchronous code, through a private event-loop thread."""
+
+    def __init__(self, url: str, *, token: str | None = None, request_timeout_s: float = 30.0) -> None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"orchestrator URL must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self._token = token
+        self._request_timeout_s = request_timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="orchestrator-client", daemon=True)
+        self._thread.start()
+        self._client: OrchestratorClient | None = None
+        self._closed = False
+
+    async def _get_client(self) -> OrchestratorClient:
+        """The loop's client (created on the loop, so that aiohttp binds to it)."""
+        if self._client is None:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            self._client = OrchestratorClient(self.url, token=self._token, session=session,
+                                              request_timeout_s=self._request_timeout_s)
+            self._session = session
+        return self._client
+
+    def submit(self, fn: Callable[[OrchestratorClient], Awaitable[T]]) -> concurrent.futures.Future:
+        """Schedule ``fn(client)`` (a coroutine function or a lambda returning a coroutine) on the loop."""
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError(f"BlockingOrchestrator({self.url}) is closed")
+
+        async def call() -> T:
+            """fn on the loop's client."""
+            return await fn(await self._get_client())
+
+        return asyncio.run_coroutine_threadsafe(call(), self._loop)
+
+    def run(self, fn: Callable[[OrchestratorClient], Awaitable[T]], timeout_s: float | None = None) -> T:
+        """Run ``fn(client)`` on the loop and wait for its result; connection failures become a clear error."""
+        fut = self.submit(fn)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"orchestrator {self.url} did not answer within {timeout_s:g} s") from None
+        except (aiohttp.ClientConnectionError, ConnectionError) as exc:
+            raise OrchestratorUnreachableError(f"cannot reach the orchestrator at {self.url}: {exc}") from exc
+
+    def spawn(self, coro: Awaitable[Any]) -> concurrent.futures.Future:
+        """Run a coroutine (e.g. a renewal loop) on the loop in the background."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def close(self) -> None:
+        """Close the HTTP session and stop the loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown() -> None:
+            """Close the aiohttp session on its own loop."""
+            if self._client is not None:
+                await self._session.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5.0)
+        except Exception:  # closing is best effort: the process may be exiting
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)

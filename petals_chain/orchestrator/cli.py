@@ -1,0 +1,167 @@
+"""``python -m petals_chain.orchestrator``: run the chain orchestrator's HTTP/JSON API.
+
+The model comes from ``--cluster FILE`` (which also lists planned servers and the
+load) or from ``--model-blocks/--block-bytes/--cache-bytes``; servers then
+register over HTTP and the composition follows them. Bad arguments print one
+line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.registry import MAX_MEMORY_BYTES, Registry
+
+TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (SI units: bytes, seconds, requests per second)."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
+    m = p.add_argument_group("model and load (or --cluster)")
+    m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
+    m.add_argument("--model-blocks", type=int, help="L, the number of transformer blocks")
+    m.add_argument("--block-bytes", type=float, help="s_m, bytes of parameters per block")
+    m.add_argument("--cache-bytes", type=float, help="s_c, bytes of KV cache per block per job")
+    m.add_argument("--model-name", default="model")
+    m.add_argument("--arrival-rate", type=float, help="λ the composition is sized for, requests/s (default 0.2)")
+    m.add_argument("--target-load", type=float, help="ρ̄, target utilisation (default 0.7)")
+    m.add_argument("--pin-cluster-times", action="store_true",
+                   help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
+                        "times they measure and report themselves")
+    m.add_argument("--c", type=int, default=None, help="fixed reserved concurrency c (default: tuned)")
+    m.add_argument("--tune", default="lower", choices=("lower", "upper", "surrogate"),
+                   help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
+    s = p.add_argument_group("service")
+    s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
+    s.add_argument("--port", type=int, default=8700, help="listen port (0 picks a free one)")
+    s.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV}); /health stays open")
+    s.add_argument("--lease-ttl-s", type=float, default=60.0, help="a lease not renewed for this long expires")
+    s.add_argument("--heartbeat-timeout-s", type=float, default=30.0,
+                   help="a registered server silent this long is marked dead (0 disables)")
+    s.add_argument("--max-memory-bytes", type=float, default=MAX_MEMORY_BYTES,
+                   help="memory budgets above this are rejected as absurd")
+    s.add_argument("--max-waiting", type=int, default=100_000, help="most lease requests allowed to wait at once")
+    s.add_argument("--offer-unready-chains", action="store_true",
+                   help="offer a chain as soon as it is composed (default: once every server on it reports that "
+                        "it serves its span; a client then waits for a server still loading)")
+    d = p.add_argument_group("DHT (servers and clients then find it through GET /health)")
+    d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join")
+    d.add_argument("--start-dht", action="store_true", help="start a new DHT node here (or join --initial-peers)")
+    d.add_argument("--dht-host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"],
+                   help="where this DHT node listens (default: loopback, a free port)")
+    d.add_argument("--dht-prefix", default=None, help="PETALS DHT prefix of the model (default: the model name)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def build_registry(args: argparse.Namespace) -> tuple[Registry, list]:
+    """The registry for the model and load the arguments describe, and the planned servers."""
+    planned: list = []
+    if args.cluster:
+        from petals_chain.compose.cluster import load_cluster
+
+        cluster = load_cluster(args.cluster)
+        model = cluster.model
+        if args.model_blocks is not None and args.model_blocks != model.num_blocks:
+            raise SpecError(
+                f"--model-blocks {args.model_blocks} contradicts {args.cluster}: model has {model.num_blocks} blocks"
+            )
+        arrival = args.arrival_rate if args.arrival_rate is not None else cluster.load.arrival_rate
+        target = args.target_load if args.target_load is not None else cluster.load.target_load
+        planned = list(cluster.servers)
+    else:
+        missing = [f for f in ("model_blocks", "block_bytes", "cache_bytes") if getattr(args, f) is None]
+        if missing:
+            flags = ", ".join("--" + f.replace("_", "-") for f in missing)
+            raise SpecError(f"give --cluster FILE, or the model: missing {flags}")
+        model = ModelSpec(args.model_blocks, args.block_bytes, args.cache_bytes, args.model_name)
+        arrival = args.arrival_rate if args.arrival_rate is not None else 0.2
+        target = args.target_load if args.target_load is not None else 0.7
+    registry = Registry(
+        model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune,
+        max_memory_bytes=args.max_memory_bytes,
+    )
+    if planned:
+        registry.add_planned(planned)
+    return registry, planned
+
+
+async def _run(args: argparse.Namespace) -> None:
+    """Build the orchestrator, compose for the planned servers, and serve until a signal."""
+    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+
+    registry, planned = build_registry(args)
+    if args.pin_cluster_times and not args.cluster:
+        raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
+    for name in ("lease_ttl_s", "heartbeat_timeout_s"):
+        if getattr(args, name) < 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    orch = Orchestrator(
+        registry,
+        lease_ttl_s=args.lease_ttl_s,
+        heartbeat_timeout_s=args.heartbeat_timeout_s or None,
+        max_waiting=args.max_waiting,
+        pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
+        offer_when_serving=not args.offer_unready_chains,
+    )
+    if planned:
+        orch.recompose_now()
+        if registry.composition is None:
+            print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.host not in LOOPBACK and token is None:
+        print(f"warning: listening on {args.host} without a token; anyone who reaches it can lease and "
+              "deregister", file=sys.stderr)
+    dht = None
+    if args.initial_peers or args.start_dht:
+        from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
+
+        prefix = dht_prefix_for(args.dht_prefix or registry.model.name)
+        dht = start_dht(args.initial_peers, args.dht_host_maddrs)
+        orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
+        print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
+
+    def ready(host: str, port: int) -> None:
+        """Print the address once listening (scripts wait for this line)."""
+        h = orch.health()
+        print(f"orchestrator listening on http://{host}:{port} (model {registry.model.name!r}, "
+              f"{registry.model.num_blocks} blocks; composition v{h['version']}: {h['chains']} chains, "
+              f"capacity {h['capacity']})", flush=True)
+
+    try:
+        await serve(build_app(orch, token=token), args.host, args.port, on_ready=ready)
+    finally:
+        if dht is not None:
+            dht.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run until SIGINT/SIGTERM; one line and exit code 2 on bad input."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_service(_run(args))
+
+
+def run_service(service: Coroutine[Any, Any, None]) -> int:
+    """Run a service until SIGINT/SIGTERM (exit code 0); bad input or an unusable port: one line, exit code 2."""
+    try:
+        asyncio.run(service)
+    except (SpecError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

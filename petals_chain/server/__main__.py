@@ -1,0 +1,7 @@
+"""``python -m petals_chain.server``: see :mod:`petals_chain.server.cli`."""
+
+import sys
+
+from petals_chain.server.cli import main
+
+sys.exit(main())

@@ -1,0 +1,229 @@
+"""``python -m petals_chain.server MODEL_DIR --orchestrator URL --memory-budget 20GB``: one orchestrated PETALS server.
+
+It measures its per-block time τp on this machine and its round trip to the
+orchestrator (→ τc), registers with its memory budget, serves exactly the span the
+orchestrator assigns (reloading when reassigned) with a KV cache of
+⌊(M − s_m·m)/s_c⌋ block-job slots. The DHT's address and the model's DHT prefix come
+from the orchestrator unless given. Bad input prints one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from petals_chain.model import SpecError
+
+EXIT_BAD_INPUT = 2
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options; sizes take units (20GB, 512MB), times are seconds."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
+    p.add_argument("model_dir", help="local Hugging Face checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
+    p.add_argument("--memory-budget", required=True, help="M_j: memory for blocks + KV cache, e.g. 20GB or 300MB")
+    p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
+    p.add_argument("--token", default=None, help="orchestrator bearer token (or env PETALS_CHAIN_ORCH_TOKEN)")
+    p.add_argument("--max-length", type=int, default=2048,
+                   help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
+    p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--job-input-tokens", type=int, default=64, help="l_in of the job τp is measured for")
+    p.add_argument("--job-output-tokens", type=int, default=16, help="l_out of the job τp and τc are for")
+    p.add_argument("--tau-p-s", type=float, default=None,
+                   help="use this per-block time instead of measuring it (an emulated slower device)")
+    p.add_argument("--block-indices", default=None,
+                   help="serve exactly start:end, only if the orchestrator assigned it (else exit with its refusal)")
+    p.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs (default: the orchestrator's)")
+    p.add_argument("--dht-prefix", default=None, help="PETALS DHT prefix (default: the orchestrator's)")
+    p.add_argument("--host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"],
+                   help="where the server's p2p node listens (default: loopback, a free port)")
+    p.add_argument("--announce-maddrs", nargs="*", default=None)
+    p.add_argument("--num-handlers", type=int, default=1, help="petals connection-handler processes")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads of this server")
+    p.add_argument("--heartbeat-period-s", type=float, default=2.0)
+    p.add_argument("--settle-s", type=float, default=2.0,
+                   help="load a span only once the assignment has not changed for this long (others still joining)")
+    p.add_argument("--update-period-s", type=float, default=30.0, help="how often blocks are re-announced in the DHT")
+    p.add_argument("--request-timeout-s", type=float, default=180.0)
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def _parse_span(text: str, num_blocks: int) -> tuple[int, int]:
+    """'start:end' within 0..num_blocks, start < end."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise SpecError(f"--block-indices {text!r} must be start:end (two integers), e.g. 0:15") from None
+    if not 0 <= a < b <= num_blocks:
+        raise SpecError(f"--block-indices {text!r} must satisfy 0 <= start < end <= {num_blocks}")
+    return a, b
+
+
+def _positive(name: str, value: float | None) -> None:
+    """SpecError unless value is None or > 0."""
+    if value is not None and not value > 0:
+        raise SpecError(f"--{name} must be > 0, got {value!r}")
+
+
+def build_server(args: argparse.Namespace) -> Any:
+    """Validate everything, measure, start the DHT node, register: the OrchestratedServer ready to run()."""
+    from petals_chain.service_time import Workload
+    from petals_chain.orchestrator.blocking import BlockingOrchestrator
+    from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
+    from petals_chain.server.petals_server import OrchestratedServer, check_against_orchestrator, profile_server
+    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget
+
+    model_dir = check_model_dir(args.model_dir)
+    memory = parse_budget(args.memory_budget)
+    for name in ("tau_p_s", "heartbeat_period_s", "update_period_s", "request_timeout_s"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    if args.job_input_tokens < 1 or args.job_output_tokens < 1:
+        raise SpecError("--job-input-tokens and --job-output-tokens must be >= 1")
+    if args.job_input_tokens + args.job_output_tokens > args.max_length:
+        raise SpecError(f"--job-input-tokens + --job-output-tokens exceed --max-length {args.max_length}")
+    sizes = block_sizes(model_dir, args.torch_dtype, args.max_length)
+    need = sizes.block_bytes + sizes.cache_bytes
+    if memory < need:
+        raise SpecError(
+            f"--memory-budget {args.memory_budget} = {memory:.4g} B cannot hold one block ({sizes.block_bytes} B) "
+            f"plus one cache slot ({sizes.cache_bytes} B of {args.max_length} tokens); need >= {need} B"
+        )
+    span = _parse_span(args.block_indices, sizes.num_blocks) if args.block_indices else None
+    name = args.name or f"{os.uname().nodename.split('.')[0]}-{os.getpid()}"
+    token = args.token or os.environ.get("PETALS_CHAIN_ORCH_TOKEN") or None
+
+    orch = BlockingOrchestrator(args.orchestrator, token=token)
+
+    h = orch.run(lambda c: c.health(), timeout_s=30.0)
+    check_against_orchestrator(h, sizes)
+    dht = h.get("dht") or {}
+    peers = args.initial_peers if args.initial_peers is not None else dht.get("initial_peers")
+    if not peers:
+        raise SpecError("no DHT to join: give --initial-peers, or start the orchestrator with --start-dht")
+    check_maddrs(peers, "--initial-peers")
+    prefix = dht_prefix_for(args.dht_prefix or dht.get("dht_prefix") or (h.get("model") or {}).get("name") or "")
+
+    import torch
+
+    torch.set_num_threads(max(1, args.torch_threads))
+    workload = Workload(args.job_input_tokens, args.job_output_tokens)
+    tau_p_s = args.tau_p_s or measure_tau_p(model_dir, args.torch_dtype, args.job_input_tokens,
+                                            args.job_output_tokens)
+    profile = profile_server(orch, name, memory, tau_p_s, workload)
+    server = OrchestratedServer(
+        orchestrator=orch,
+        profile=profile,
+        sizes=sizes,
+        fixed_span=span,
+        heartbeat_period_s=args.heartbeat_period_s,
+        settle_s=args.settle_s,
+        initial_peers=list(peers),
+        dht_prefix=prefix,
+        converted_model_name_or_path=str(model_dir),
+        throughput=1.0 / tau_p_s,
+        num_handlers=args.num_handlers,
+        attn_cache_tokens=args.max_length,
+        torch_dtype=args.torch_dtype,
+        device=args.device,
+        host_maddrs=args.host_maddrs,
+        announce_maddrs=args.announce_maddrs,
+        update_period=args.update_period_s,
+        request_timeout=args.request_timeout_s,
+        reachable_via_relay=False,
+        use_relay=False,
+        use_auto_relay=False,
+        skip_reachability_check=True,
+    )
+    try:
+        server.register()
+    except BaseException:
+        server.shutdown(leave_reason=None)
+        raise
+    return server
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: serve until SIGINT/SIGTERM; one line and exit code 2 on bad input or a refused claim."""
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main_pid = os.getpid()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        """SIGTERM: the main process leaves the orchestrator and stops; a forked child (DHT, handler) just exits."""
+        if os.getpid() != main_pid:
+            os._exit(128 + signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    from petals_chain.orchestrator.blocking import OrchestratorUnreachableError
+    from petals_chain.orchestrator.client import OrchestratorError
+    from petals_chain.server.petals_server import ClaimRefusedError, RegistrationError
+
+    server = None
+    code = 0
+    reason = "shutting down"
+    try:
+        server = build_server(args)
+        print(f"server {server.profile.name!r} registered: peer {server.peer_id}", flush=True)
+        server.start_heartbeats()
+        server.run()
+    except (SpecError, RegistrationError, ClaimRefusedError, OrchestratorUnreachableError, OrchestratorError,
+            TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        code, reason = EXIT_BAD_INPUT, ("claim refused" if isinstance(exc, ClaimRefusedError) else "error")
+    except KeyboardInterrupt:
+        pass
+    except Exception:  # unexpected: show it, but still leave the orchestrator and end our children
+        import traceback
+
+        traceback.print_exc()
+        code, reason = 1, "crashed"
+    if server is not None:
+        _quiet_shutdown(server, reason)
+    else:
+        reap_children()
+    return code
+
+
+def _quiet_shutdown(server: Any, reason: str) -> None:
+    """Shut the server down, ignoring a second Ctrl-C/SIGTERM while doing so; then end any child left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        server.shutdown(leave_reason=reason)
+    except Exception as exc:  # shutting down: report and carry on
+        print(f"warning: shutdown: {exc}", file=sys.stderr)
+    reap_children()
+
+
+def reap_children(timeout_s: float = 5.0) -> int:
+    """Terminate (then kill) every process this one started that is still alive, e.g. petals' reachability
+    probe p2pd, which its background thread may not have stopped yet; returns how many there were."""
+    import psutil
+
+    children = [c for c in psutil.Process().children(recursive=True) if c.is_running()]
+    for c in children:
+        try:
+            c.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=timeout_s)
+    for c in alive:
+        try:
+            c.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(children)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
