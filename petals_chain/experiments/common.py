@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain.sim.montecarlo import confidence_interval
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,14 +42,15 @@ def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return path
 
 
-def mean_ci(values: Iterable[float], z: float = 1.96) -> tuple[float, float]:
-    """Sample mean and the half-width of its normal-approximation 95% confidence interval."""
+def mean_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float]:
+    """Sample mean and the half-width of its Student-t confidence interval at ``level`` (NaN for < 2 values)."""
     a = np.asarray(list(values), dtype=float)
     if a.size == 0:
         return float("nan"), float("nan")
     if a.size == 1:
-        return float(a[0]), 0.0
-    return float(a.mean()), float(z * a.std(ddof=1) / np.sqrt(a.size))
+        return float(a[0]), float("nan")
+    ci = confidence_interval(a, level)
+    return ci.mean, ci.half_width
 
 
 def update_readme(out_dir: Path, summary: Summary) -> Path:

@@ -25,7 +25,7 @@ from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import AssignmentInfo, OrchestratorError
 from petals_chain.checkpoint.sizing import BlockSizes
 
-log = logging.getLogger("petals_chain.server")
+log = logging.getLogger(__name__)
 
 
 class ClaimRefusedError(RuntimeError):
