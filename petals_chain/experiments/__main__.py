@@ -7,8 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+from petals_chain.data import DATA_ENV, DataDirError, set_data_dir
 from petals_chain.experiments import EXPERIMENTS, load
 from petals_chain.experiments.common import REPO, publish
+from petals_chain.model import SpecError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "results", help="output folder (default: results/)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help=f"folder with the Azure traces and the RIPE Atlas file (default: ${DATA_ENV})")
     args = p.parse_args(argv)
+    try:
+        set_data_dir(args.data_dir)
+    except DataDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     names = list(EXPERIMENTS) if args.names == ["all"] else args.names
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown:
@@ -28,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         t0 = time.perf_counter()
-        summary = load(name).run(args)
+        try:
+            summary = load(name).run(args)
+        except (FileNotFoundError, SpecError) as exc:  # missing data file, bad cluster: one line, nothing written
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            return 2
         publish(args.out, summary, time.perf_counter() - t0)
     return 0
 

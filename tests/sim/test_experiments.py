@@ -105,3 +105,16 @@ def test_fig5_jffc_is_best_and_mostly_service(tmp_path):
         if rho <= 0.7:
             assert mean("JFFC", "mean_service_s") / mean("JFFC") > 0.85
     assert "JFFC between the Theorem 3.7 bounds" in summary.lines[1]
+
+
+def test_data_dir_option_sets_the_folder_for_every_reader(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("PETALS_CHAIN_DATA", raising=False)
+    assert main(["fig3", "--quick", "--data-dir", str(tmp_path / "missing"), "--out", str(tmp_path)]) == 2
+    assert "data folder" in capsys.readouterr().err and not (tmp_path / "fig3.csv").exists()
+    from petals_chain.data import data_dir
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["fig3", "--quick", "--data-dir", str(empty), "--out", str(tmp_path)]) == 2
+    assert data_dir() == empty  # the option reached the reader, which names the file it missed there
+    assert f"{empty}/ripe_atlas_eu_rtt.csv" in capsys.readouterr().err
