@@ -16,10 +16,13 @@ NO_DATA = f"needs the external data folder: set {DATA_ENV} (.ci/run does)"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under tests/live/ is a live-swarm test: ``-m "not live"`` leaves the fast loop."""
+    """Tests under tests/live/ are live-swarm tests; tests marked ``data`` skip, saying why, without the data folder."""
+    no_data = pytest.mark.skip(reason=NO_DATA) if not os.environ.get(DATA_ENV) else None
     for item in items:
         if LIVE_DIR in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.live)
+        if no_data is not None and item.get_closest_marker("data") is not None:
+            item.add_marker(no_data)
 
 
 def data_file(name: str) -> Path | None:

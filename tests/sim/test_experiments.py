@@ -23,6 +23,7 @@ def _rows(path):
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.data
 def test_fig3_gbp_cr_never_loses_to_random_placements(tmp_path):
     summary = load("fig3").run(_args(tmp_path))
     rows = _rows(tmp_path / "fig3.csv")
@@ -38,6 +39,7 @@ def test_fig3_gbp_cr_never_loses_to_random_placements(tmp_path):
     assert "GBP-CR" in summary.lines[0]
 
 
+@pytest.mark.data
 def test_fig4_gca_between_lower_bound_and_gbp_cr(tmp_path):
     load("fig4").run(_args(tmp_path))
     rows = _rows(tmp_path / "fig4.csv")
@@ -47,6 +49,7 @@ def test_fig4_gca_between_lower_bound_and_gbp_cr(tmp_path):
         assert low <= ilp <= gca <= ck
 
 
+@pytest.mark.data
 def test_fig6_lower_bound_pick_is_near_the_simulated_best(tmp_path):
     summary = load("fig6").run(_args(tmp_path))
     rows = _rows(tmp_path / "fig6.csv")
@@ -63,6 +66,7 @@ def test_fig6_lower_bound_pick_is_near_the_simulated_best(tmp_path):
     assert sim_mean[picks["lower_s"]] <= 1.05 * best
 
 
+@pytest.mark.data
 def test_fig7_and_the_results_readme(tmp_path):
     assert main(["fig7", "--quick", "--out", str(tmp_path)]) == 0
     rows = _rows(tmp_path / "fig7.csv")
@@ -93,6 +97,7 @@ def test_unknown_experiment_is_refused(capsys):
         load("nope")
 
 
+@pytest.mark.data
 def test_fig5_jffc_is_best_and_mostly_service(tmp_path):
     summary = load("fig5").run(_args(tmp_path))
     rows = _rows(tmp_path / "fig5.csv")

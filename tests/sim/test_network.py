@@ -59,6 +59,7 @@ def test_draws_are_reproducible_by_seed_and_distinct(anchors) -> None:  # noqa: 
     assert a.rtt_s.shape == (21, 21) and np.all(a.server_rtt_s > 0)
 
 
+@pytest.mark.data
 def test_paper_kinds_give_the_published_per_block_times() -> None:
     high, low = paper_server_kinds()
     servers, topo, kinds = draw_paper_cluster(20, 0.2, np.random.default_rng(0))
@@ -111,6 +112,7 @@ def test_no_data_folder_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     assert data_dir(tmp_path) == tmp_path
 
 
+@pytest.mark.data
 def test_token_model_of_composed_chains_reproduces_their_mean_service_time() -> None:
     servers, topo, kinds = draw_paper_cluster(20, 0.2, np.random.default_rng(4))
     model = bloom_176b()

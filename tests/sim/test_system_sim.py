@@ -92,6 +92,7 @@ def high_load_graphs():
     return servers, wl
 
 
+@pytest.mark.data
 def test_petals_backoff_and_cache_never_overcommitted():
     servers, wl = high_load_graphs()
     system = build_system("petals", servers, model(), 1.5)
@@ -122,6 +123,7 @@ def test_bprr_mean_estimates_are_wrong_but_waits_real():
         simulate_bprr(g, wl, estimate="psychic")
 
 
+@pytest.mark.data
 @pytest.mark.parametrize("method", ["bprr", "bprr_oracle"])
 def test_bprr_cache_never_overcommitted_at_high_load(method):
     servers, wl = high_load_graphs()
@@ -143,6 +145,7 @@ def test_cache_peaks_count_overlaps_and_release_first():
     assert cache_use_peaks(start, end, routes, 3).tolist() == [6, 1, 0]
 
 
+@pytest.mark.data
 def test_proposed_beats_petals_and_bprr_at_default_setting():
     rng = np.random.default_rng(2024)
     means = {"proposed": [], "petals": [], "bprr": [], "bprr_oracle": []}
@@ -159,6 +162,7 @@ def test_proposed_beats_petals_and_bprr_at_default_setting():
     assert prop < np.mean(means["bprr_oracle"])
 
 
+@pytest.mark.data
 def test_whole_systems_infeasible_and_bad_input():
     servers = draw_cluster(10, 0.2, np.random.default_rng(0))
     with pytest.raises(InfeasibleError):  # 70 × 1.32 GB does not fit a 40 GB server
@@ -178,6 +182,7 @@ def test_whole_systems_infeasible_and_bad_input():
         backoff_s(0)
 
 
+@pytest.mark.data
 def test_fig8_run_row_and_tables():
     task = Fig8Run(((10, 0.2),), runs=1, n_jobs=300)
     row = task(np.random.SeedSequence(5), 0)
