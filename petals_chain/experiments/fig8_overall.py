@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import Summary, plt, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
-from petals_chain.sim.methods import LABELS, METHODS, build_system, simulate_system
+from petals_chain.sim.methods import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
 
 FULL = {"Js": (10, 20, 30, 40), "etas": (0.1, 0.2, 0.3, 0.4), "runs": 20, "n_jobs": 5000}
@@ -118,6 +119,8 @@ def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...]
     width = 0.8 / max(len(shown), 1)
     colors = {"proposed": "tab:green", "jffc_only": "tab:purple", "petals": "tab:red", "bprr": "tab:blue",
               "bprr_oracle": "lightsteelblue"}
+    spare = iter(("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"))
+    colors |= {m: next(spare, "black") for m in METHODS if m not in colors}  # methods added to the table later
     prop = [r["mean_response_s"] for r in agg if r["method"] == "proposed" and r["feasible_runs"]]
     cap = 2.0 * max(prop) if prop else None
     for ax, J in zip(axes[0], Js):
@@ -147,12 +150,12 @@ def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...]
     axes[0][0].set_ylabel("mean response time (s)")
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colors[m], label=LABELS[m]) for m in shown]
+    handles = [Patch(color=colors[m], label=METHODS[m].legend) for m in shown]
     fig.legend(handles=handles, loc="upper center", ncol=len(shown), frameon=False)
     note = f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per bar, whiskers 95 % CI; × infeasible; " \
            "hatched: cut, value written"
     if never:
-        note += "; infeasible everywhere: " + ", ".join(LABELS[m] for m in never)
+        note += "; infeasible everywhere: " + ", ".join(METHODS[m].legend for m in never)
     fig.text(0.5, 0.01, note, ha="center", fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 0.92))
     fig.savefig(path)
@@ -188,7 +191,7 @@ def run(args) -> Summary:
     for base in ("petals", "bprr", "bprr_oracle"):
         vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
         if vals:
-            lines.append(f"range vs {LABELS[base]}: {min(vals):.0f}% .. {max(vals):.0f}%")
+            lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%")
     infeasible = sorted({(r["J"], r["eta"], r["method"]) for r in agg if r["feasible_runs"] < r["runs"]})
     if infeasible:
         lines.append("infeasible in some runs: " + ", ".join(f"{m} at J={J} η={e:g}" for J, e, m in infeasible))

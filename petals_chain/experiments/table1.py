@@ -31,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import REPO, Summary, plt, publish
 from petals_chain.model import InfeasibleError, SpecError
 
 DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
 DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated.json"
-METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")
+METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")  # the paper's Table 1 columns (methods of METHODS)
 
 # Paper Table 1 (seconds), spec §5.
 PAPER: dict[str, dict[str, float]] = {
@@ -191,7 +192,7 @@ def replay(method: str, serve: Callable[[Any, int], Any], plan: ReplayPlan, prom
            sample_period_s: float = 0.05) -> ReplayResult:
     """Issue request i at its scaled arrival time in its own thread (``serve(prompt, new_tokens)``); wait for all.
 
-    ``serve`` returns a :class:`~petals_chain.launch.methods.RequestTiming` (monotonic times). A
+    ``serve`` returns a :class:`~petals_chain.launch.live_clients.RequestTiming` (monotonic times). A
     monitor thread samples the number of requests in flight (arrived, not finished) for the
     Little's-law check. Requests unfinished ``drain_timeout_s`` after the last arrival are
     recorded with an error.
@@ -414,9 +415,7 @@ def markdown(stats: dict[str, dict[str, float]], plan: ReplayPlan, infos: dict[s
 
 def _labels() -> list[str]:
     """Column labels in method order."""
-    from petals_chain.launch.methods import LABELS
-
-    return [LABELS[m] for m in METHOD_ORDER]
+    return [METHODS[m].label for m in METHOD_ORDER]
 
 
 def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult]) -> Path:
@@ -484,7 +483,7 @@ class Prepared:
 
 def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, list[str]]:
     """Testbed, the first N requests of the trace, the model set-up and the methods; SpecError/TraceError if bad."""
-    from petals_chain.launch.methods import model_setup
+    from petals_chain.launch.live_setup import model_setup
     from petals_chain.launch.testbed import load_testbed
     from petals_chain.data.azure import read_azure_trace
 
@@ -521,7 +520,7 @@ def check_inputs(argv: Sequence[str]) -> int:
 
 def prepare(args: argparse.Namespace) -> Prepared:
     """Validate inputs and plan the replay; SpecError (naming the file/field) before any process is started."""
-    from petals_chain.launch.methods import FittedServer
+    from petals_chain.launch.live_setup import FittedServer
     from petals_chain.launch.profiler import load_profile
 
     tb, trace, setup, methods = load_inputs(args)
@@ -559,7 +558,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
     from tqdm import tqdm
 
     from petals_chain.launch.launcher import Launch
-    from petals_chain.launch.methods import LABELS, LiveMethod, MethodError, TestbedSwarm, plan_method
+    from petals_chain.launch.live_methods import LiveMethod, plan_method
+    from petals_chain.launch.swarm_procs import MethodError, TestbedSwarm
 
     plan, setup = prep.plan, prep.setup
     logging.getLogger("petals").setLevel(logging.ERROR)  # PETALS' per-retry warnings would bury the progress
@@ -590,7 +590,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
             try:
                 info = live.start()
                 log(f"[{method}] ready after {info.startup_s:.0f} s: {_describe_info(info)}")
-                bar = tqdm(total=plan.n, desc=f"{LABELS[method]:9}", unit="req")
+                bar = tqdm(total=plan.n, desc=f"{METHODS[method].label:9}", unit="req")
                 last = [0]
 
                 def progress(arrived: int, done: int, total: int, bar: Any = bar, last: list[int] = last) -> None:
@@ -630,11 +630,12 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
             s = stats[m]
             red = "" if m == "petals" else (f", {improvement_pct(s['response_mean'], base):.1f} % below PETALS "
                                             f"(paper {PAPER_REDUCTION_PCT[m]:.1f} %)")
-            lines.append(f"{LABELS[m]}: response mean {s['response_mean']:.2f} s (median {s['response_median']:.2f}, "
+            lines.append(f"{METHODS[m].label}: response mean {s['response_mean']:.2f} s "
+                         f"(median {s['response_median']:.2f}, "
                          f"P95 {s['response_p95']:.2f}), waiting mean {s['waiting_mean']:.2f} s, service mean "
                          f"{s['service_mean']:.2f} s{red}")
         elif m in infos:
-            lines.append(f"{LABELS[m]}: {infos[m]['status']} ({infos[m]['summary']})")
+            lines.append(f"{METHODS[m].label}: {infos[m]['status']} ({infos[m]['summary']})")
     lines.append(f"total wall time {time.monotonic() - t_all:.0f} s; outputs: "
                  + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths.values()))
     return Summary("table1", "Table 1 live: PETALS vs BPRR vs JFFC only vs proposed on the CPU-emulated testbed",

@@ -50,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from petals_chain.launch.launcher import Launch, LaunchError
-    from petals_chain.launch.methods import MethodError, model_setup
+    from petals_chain.launch.live_setup import model_setup
+    from petals_chain.launch.swarm_procs import MethodError
     from petals_chain.launch.profiler import FULL_GRID, QUICK_GRID, LiveProfiler, Profile, fit_server, write_outputs
 
     try:

@@ -207,7 +207,7 @@ class LiveProfiler:
     def __init__(self, launch: Any, setup: Any, log_dir: Path, *, servers: Sequence[str] | None = None,
                  sessions_per_server: int = 4, session_tokens: int = 512,
                  log: Callable[[str], None] = print) -> None:
-        from petals_chain.launch.methods import TestbedSwarm
+        from petals_chain.launch.swarm_procs import TestbedSwarm
 
         self.launch = launch
         self.setup = setup
@@ -232,7 +232,7 @@ class LiveProfiler:
         from hivemind.dht import DHT
         from petals.client.config import ClientConfig
 
-        from petals_chain.launch.methods import wait_petals_servers
+        from petals_chain.launch.swarm_procs import wait_petals_servers
 
         peers = self.swarm.start_dht()
         index = {s.name: j for j, s in enumerate(self.launch.testbed.servers)}
@@ -520,7 +520,7 @@ def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, Serv
 def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[StepSample], setup: Any,
                   memory: dict[str, float], grid: ProfileGrid, target_load: float = 0.7) -> dict[str, Path]:
     """Samples CSV, profile JSON, the measured-vs-model PNG and the cluster file (fitted τ for ``profile.job``)."""
-    from petals_chain.launch.methods import FittedServer, write_cluster
+    from petals_chain.launch.live_setup import FittedServer, write_cluster
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"samples": write_samples_csv(out_dir / f"{stem}_samples.csv", samples)}

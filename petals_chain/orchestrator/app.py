@@ -74,6 +74,7 @@ class Orchestrator:
         clock: Callable[[], float] = time.monotonic,
         pinned: Mapping[str, ServerSpec] | None = None,
         offer_when_serving: bool = False,
+        lease_manager: Callable[..., LeaseManager] = LeaseManager,
     ) -> None:
         self.registry = registry
         # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
@@ -84,7 +85,8 @@ class Orchestrator:
         self.offer_when_serving = offer_when_serving
         self._composed: list[ChainInfo] = []  # every chain of the current composition
         self._offered: tuple[tuple[tuple[str, int, int], ...], ...] | None = None  # keys offered now
-        self.leases = LeaseManager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
+        # JFFC over fixed chains by default; ``lease_manager`` (same keywords) may route otherwise, e.g. WS-RR.
+        self.leases = lease_manager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.clock = clock
         self.started_s = clock()

@@ -2,35 +2,53 @@
 
 The model comes from ``--cluster FILE`` (which also lists planned servers and the
 load) or from ``--model-blocks/--block-bytes/--cache-bytes``; servers then
-register over HTTP and the composition follows them. Bad arguments print one
-line and exit with code 2.
+register over HTTP and the composition follows them. ``--method`` picks the
+serving method from :data:`petals_chain.compose.methods.METHODS`: its composer, and
+JFFC leases over fixed chains or a WS-RR route per request. Bad arguments print
+one line and exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
+import math
 import os
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
+from petals_chain.compose.methods import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.registry import MAX_MEMORY_BYTES, Registry
+from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+
+if TYPE_CHECKING:
+    from petals_chain.orchestrator.app import Orchestrator
 
 TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: LeaseManager,
+                                                              Routing.WS_RR: WsRrLeaseManager}
+BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options (SI units: bytes, seconds, requests per second)."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
+    p.add_argument("--method", default="proposed",
+                   help=f"serving method: {', '.join(method_names(live=True, orchestrated=True))} "
+                        "(default proposed; PETALS routes by itself and needs no orchestrator)")
     m = p.add_argument_group("model and load (or --cluster)")
     m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
     m.add_argument("--model-blocks", type=int, help="L, the number of transformer blocks")
-    m.add_argument("--block-bytes", type=float, help="s_m, bytes of parameters per block")
-    m.add_argument("--cache-bytes", type=float, help="s_c, bytes of KV cache per block per job")
+    m.add_argument("--block-bytes", type=float, help="s_m, bytes of parameters per block (with --cluster: its exact "
+                   "value, agreeing with the file's rounded block_gb)")
+    m.add_argument("--cache-bytes", type=float, help="s_c, bytes of KV cache per block per job (with --cluster: "
+                   "likewise)")
     m.add_argument("--model-name", default="model")
     m.add_argument("--arrival-rate", type=float, help="λ the composition is sized for, requests/s (default 0.2)")
     m.add_argument("--target-load", type=float, help="ρ̄, target utilisation (default 0.7)")
@@ -38,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
                         "times they measure and report themselves")
     m.add_argument("--c", type=int, default=None, help="fixed reserved concurrency c (default: tuned)")
-    m.add_argument("--tune", default="lower", choices=("lower", "upper", "surrogate"),
+    m.add_argument("--tune", default=None, choices=("lower", "upper", "surrogate"),
                    help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
@@ -63,14 +81,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_registry(args: argparse.Namespace) -> tuple[Registry, list]:
-    """The registry for the model and load the arguments describe, and the planned servers."""
+def exact_sizes(args: argparse.Namespace, model: ModelSpec) -> ModelSpec:
+    """A cluster file's model with --block-bytes/--cache-bytes as its exact sizes (they must agree with the file)."""
+    for flag, attr in (("--block-bytes", "block_bytes"), ("--cache-bytes", "cache_bytes")):
+        given, have = getattr(args, attr), getattr(model, attr)
+        if given is None:
+            continue
+        if not math.isclose(given, have, rel_tol=BYTES_RTOL):
+            raise SpecError(f"{flag} {given:g} contradicts {args.cluster}: model has {have:g} bytes")
+        model = dataclasses.replace(model, **{attr: float(given)})
+    return model
+
+
+def build_registry(args: argparse.Namespace, method: Method | None = None) -> tuple[Registry, list]:
+    """The registry for the model and load the arguments describe (composed the method's way), the planned servers."""
+    method = method or live_method(args.method, orchestrated=True, field="--method")
+    if not method.tunes_c and (args.c is not None or args.tune is not None):
+        raise SpecError(f"--c/--tune: method {method.name} does not tune c")
     planned: list = []
     if args.cluster:
         from petals_chain.compose.cluster import load_cluster
 
         cluster = load_cluster(args.cluster)
-        model = cluster.model
+        model = exact_sizes(args, cluster.model)
         if args.model_blocks is not None and args.model_blocks != model.num_blocks:
             raise SpecError(
                 f"--model-blocks {args.model_blocks} contradicts {args.cluster}: model has {model.num_blocks} blocks"
@@ -87,19 +120,20 @@ def build_registry(args: argparse.Namespace) -> tuple[Registry, list]:
         arrival = args.arrival_rate if args.arrival_rate is not None else 0.2
         target = args.target_load if args.target_load is not None else 0.7
     registry = Registry(
-        model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune,
-        max_memory_bytes=args.max_memory_bytes,
+        model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune or "lower",
+        max_memory_bytes=args.max_memory_bytes, compose_fn=method.compose,
     )
     if planned:
         registry.add_planned(planned)
     return registry, planned
 
 
-async def _run(args: argparse.Namespace) -> None:
-    """Build the orchestrator, compose for the planned servers, and serve until a signal."""
-    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
+    """The orchestrator the arguments describe (the method's composer and lease manager), planned servers composed."""
+    from petals_chain.orchestrator.app import Orchestrator
 
-    registry, planned = build_registry(args)
+    method = live_method(args.method, orchestrated=True, field="--method")
+    registry, planned = build_registry(args, method)
     if args.pin_cluster_times and not args.cluster:
         raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
     for name in ("lease_ttl_s", "heartbeat_timeout_s"):
@@ -112,11 +146,21 @@ async def _run(args: argparse.Namespace) -> None:
         max_waiting=args.max_waiting,
         pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
         offer_when_serving=not args.offer_unready_chains,
+        lease_manager=LEASE_MANAGERS[method.routing],
     )
     if planned:
         orch.recompose_now()
         if registry.composition is None:
             print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
+    return orch, method
+
+
+async def _run(args: argparse.Namespace) -> None:
+    """Build the orchestrator, compose for the planned servers, and serve until a signal."""
+    from petals_chain.orchestrator.app import build_app, serve
+
+    orch, method = build_orchestrator(args)
+    registry = orch.registry
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if args.host not in LOOPBACK and token is None:
         print(f"warning: listening on {args.host} without a token; anyone who reaches it can lease and "
@@ -133,7 +177,7 @@ async def _run(args: argparse.Namespace) -> None:
     def ready(host: str, port: int) -> None:
         """Print the address once listening (scripts wait for this line)."""
         h = orch.health()
-        print(f"orchestrator listening on http://{host}:{port} (model {registry.model.name!r}, "
+        print(f"orchestrator listening on http://{host}:{port} (method {method.name}; model {registry.model.name!r}, "
               f"{registry.model.num_blocks} blocks; composition v{h['version']}: {h['chains']} chains, "
               f"capacity {h['capacity']})", flush=True)
 

@@ -158,7 +158,7 @@ def test_outputs_give_a_cluster_the_composer_accepts(tmp_path: Path) -> None:
     """write_outputs: CSV, JSON, PNG, and a cluster file whose τ are the fitted ones for the profile's job."""
     from petals_chain.compose.cluster import load_cluster
     from petals_chain.compose.tuning import compose
-    from petals_chain.launch.methods import ModelSetup
+    from petals_chain.launch.live_setup import ModelSetup
     from petals_chain.launch.profiler import write_outputs
 
     rng = np.random.default_rng(11)

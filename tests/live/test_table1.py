@@ -27,7 +27,8 @@ from petals_chain.experiments.table1 import (
     summarize,
 )
 from petals_chain.launch import state
-from petals_chain.launch.methods import compose_for, petals_num_blocks, petals_throughput_cache
+from petals_chain.compose.methods import METHODS
+from petals_chain.launch.live_methods import petals_num_blocks, petals_throughput_cache
 from petals_chain.model import InfeasibleError, ModelSpec, ServerSpec
 from petals_chain.data.azure import Trace
 
@@ -173,10 +174,10 @@ def test_method_compositions() -> None:
     PETALS sizes servers with its own rule (cache for DEFAULT_CACHE_JOBS sessions)."""
     small = _servers([4.0, 4.0, 4.0])
     with pytest.raises(InfeasibleError, match="whole model"):
-        compose_for("jffc_only", small, MODEL, 0.5)
-    b = compose_for("bprr", small, MODEL, 0.5)
+        METHODS["jffc_only"].compose(small, MODEL, 0.5)
+    b = METHODS["bprr"].compose(small, MODEL, 0.5)
     assert b.chains == () and b.c == b.meta["R"] >= 1 and sum(b.placement.num_blocks) >= MODEL.num_blocks
-    p = compose_for("proposed", small, MODEL, 0.5)
+    p = METHODS["proposed"].compose(small, MODEL, 0.5)
     assert p.total_capacity >= 1
     assert petals_num_blocks(small, MODEL) == [min(6, math.floor(4.0 / 1.2 + 1e-9))] * 3
     cache = petals_throughput_cache(Path("/m"), "float32", 250.0, 4000.0)
@@ -191,7 +192,7 @@ def test_ws_rr_routes_cover_the_model_and_never_overcommit_a_server() -> None:
     from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 
     servers = _servers([4.0, 3.5, 3.5, 3.0])
-    comp = compose_for("bprr", servers, MODEL, 2.0)
+    comp = METHODS["bprr"].compose(servers, MODEL, 2.0)
     slots = dict(zip([s.name for s in servers], cache_slots(servers, MODEL, comp.placement)))
 
     async def scenario() -> tuple[int, int, list[int]]:
@@ -231,7 +232,7 @@ def test_ws_rr_waiting_request_times_out_and_leaves_the_queue() -> None:
     from petals_chain.orchestrator.leases import LeaseTimeoutError
     from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 
-    comp = compose_for("bprr", _servers([7.3]), MODEL, 0.5)  # one server: 6 blocks + 13 slots = 2 jobs
+    comp = METHODS["bprr"].compose(_servers([7.3]), MODEL, 0.5)  # one server: 6 blocks + 13 slots = 2 jobs
 
     async def scenario() -> tuple[int, int]:
         m = WsRrLeaseManager()
@@ -283,7 +284,8 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
     import yaml
 
     from petals_chain.launch.launcher import Launch
-    from petals_chain.launch.methods import FittedServer, LiveMethod, model_setup
+    from petals_chain.launch.live_methods import LiveMethod
+    from petals_chain.launch.live_setup import FittedServer, model_setup
     from petals_chain.launch.profiler import ProfileGrid, LiveProfiler, fit_server
     from petals_chain.launch.testbed import load_testbed
     from petals_chain.loopback.swarm import write_tiny_llama
@@ -326,7 +328,7 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
             servers = [FittedServer(s.name, s.memory_bytes, fits[s.name].tau_p_s(16, 4), fits[s.name].tau_c_s(4),
                                     fits[s.name].inference_rps, fits[s.name].forward_rps) for s in tb.servers]
             from petals_chain.experiments.table1 import prompts_for, replay
-            from petals_chain.launch.methods import TestbedSwarm
+            from petals_chain.launch.swarm_procs import TestbedSwarm
 
             prompts = prompts_for(plan, 512, seed=1)
             swarm = TestbedSwarm(launch, setup, tmp_path / "logs")
