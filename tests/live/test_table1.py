@@ -16,16 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from petals_chain.experiments.table1 import (
+from petals_chain.experiments.replay import (
     ReplayResult,
     RequestRecord,
-    check_inputs,
     littles_law,
-    main,
     plan_replay,
     scale_tokens,
     summarize,
 )
+from petals_chain.experiments.table1 import check_inputs, main
 from petals_chain.launch import state
 from petals_chain.compose.methods import METHODS
 from petals_chain.launch.live_methods import petals_num_blocks, petals_throughput_cache
@@ -327,7 +326,7 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
                                output_scale=1.0, max_length=setup.max_length)
             servers = [FittedServer(s.name, s.memory_bytes, fits[s.name].tau_p_s(16, 4), fits[s.name].tau_c_s(4),
                                     fits[s.name].inference_rps, fits[s.name].forward_rps) for s in tb.servers]
-            from petals_chain.experiments.table1 import prompts_for, replay
+            from petals_chain.experiments.replay import prompts_for, replay
             from petals_chain.launch.swarm_procs import TestbedSwarm
 
             prompts = prompts_for(plan, 512, seed=1)

@@ -1,0 +1,164 @@
+"""Table 1's outputs: the paper's figures, the measured table next to them (CSV, Markdown), and the plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petals_chain.compose.methods import METHODS
+from petals_chain.experiments.common import plt
+from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, littles_law
+
+METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")  # the paper's Table 1 columns (methods of METHODS)
+
+# Paper Table 1 (seconds, the paper's A100 MIG testbed).
+PAPER: dict[str, dict[str, float]] = {
+    "petals": {"response_mean": 31.4, "response_median": 27.8, "response_p95": 68.5, "response_p99": 89.3,
+               "waiting_mean": 24.2, "waiting_median": 20.5, "waiting_p95": 61.3, "waiting_max": 142.6,
+               "service_mean": 7.2, "service_median": 5.8, "service_p95": 18.9},
+    "bprr": {"response_mean": 19.8, "response_median": 16.9, "response_p95": 44.2, "response_p99": 61.7,
+             "waiting_mean": 12.6, "waiting_median": 9.7, "waiting_p95": 37.1, "waiting_max": 98.4,
+             "service_mean": 7.2, "service_median": 5.9, "service_p95": 18.7},
+    "jffc_only": {"response_mean": 10.0, "response_median": 8.5, "response_p95": 22.1, "response_p99": 29.6,
+                  "waiting_mean": 1.5, "waiting_median": 0.1, "waiting_p95": 7.8, "waiting_max": 25.1,
+                  "service_mean": 8.5, "service_median": 7.2, "service_p95": 20.3},
+    "proposed": {"response_mean": 7.3, "response_median": 6.5, "response_p95": 15.2, "response_p99": 21.4,
+                 "waiting_mean": 0.6, "waiting_median": 0.1, "waiting_p95": 4.8, "waiting_max": 24.3,
+                 "service_mean": 6.7, "service_median": 5.7, "service_p95": 18.2},
+}
+PAPER_REDUCTION_PCT = {"petals": 0.0, "bprr": 36.9, "jffc_only": 68.2, "proposed": 76.8}
+ROWS = (("response mean / median", "response_mean", "response_median"),
+        ("response P95 / P99", "response_p95", "response_p99"),
+        ("waiting mean / median", "waiting_mean", "waiting_median"),
+        ("waiting P95 / max", "waiting_p95", "waiting_max"),
+        ("service mean / median", "service_mean", "service_median"),
+        ("service P95", "service_p95", None))
+
+
+def improvement_pct(value: float, petals: float) -> float:
+    """Reduction of a time vs PETALS, percent (positive = faster than PETALS)."""
+    return 100.0 * (petals - value) / petals if petals > 0 else math.nan
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------------
+
+
+def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult],
+                  plan: ReplayPlan, infos: dict[str, dict[str, Any]], command: str) -> dict[str, Path]:
+    """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json and STEM_requests.csv."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    base = stats.get("petals", {}).get("response_mean", math.nan)
+    rows = []
+    for m in METHOD_ORDER:
+        s = stats.get(m)
+        for metric in METRICS:
+            ours = s.get(metric, math.nan) if s else math.nan
+            pv = stats.get("petals", {}).get(metric, math.nan)
+            rows.append({"method": m, "metric": metric, "measured_s": ours, "paper_s": PAPER[m][metric],
+                         "improvement_vs_petals_pct": improvement_pct(ours, pv) if m != "petals" else 0.0,
+                         "paper_improvement_vs_petals_pct": improvement_pct(PAPER[m][metric],
+                                                                            PAPER["petals"][metric]),
+                         "status": infos.get(m, {}).get("status", "not run")})
+    paths["csv"] = out_dir / f"{stem}.csv"
+    with paths["csv"].open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    paths["requests"] = out_dir / f"{stem}_requests.csv"
+    recs = [asdict(r) for res in results.values() for r in res.records]
+    with paths["requests"].open("w", newline="") as fh:
+        if recs:
+            w = csv.DictWriter(fh, fieldnames=list(recs[0]))
+            w.writeheader()
+            w.writerows(recs)
+    paths["md"] = out_dir / f"{stem}.md"
+    paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
+    paths["png"] = plot(out_dir / f"{stem}.png", stats, results)
+    paths["json"] = out_dir / f"{stem}_details.json"
+    paths["json"].write_text(json.dumps({"command": command, "plan": plan.describe(), "stats": stats,
+                                         "infos": infos, "paper": PAPER}, indent=1, default=str))
+    return paths
+
+
+def _cell(s: dict[str, float] | None, a: str, b: str | None) -> str:
+    """'x / y' (or 'x') in seconds, or a dash where nothing was measured."""
+    if not s or not math.isfinite(s.get(a, math.nan)):
+        return "–"
+    return f"{s[a]:.1f}" if b is None else f"{s[a]:.1f} / {s[b]:.1f}"
+
+
+def markdown(stats: dict[str, dict[str, float]], plan: ReplayPlan, infos: dict[str, dict[str, Any]],
+             results: dict[str, ReplayResult], command: str, petals_mean: float) -> str:
+    """Table 1 measured here next to the paper's, with the scalings, the methods' set-ups and Little's law."""
+    head = "| metric (s) | " + " | ".join(f"{n} (here)" for n in _labels()) + " |"
+    lines = ["# Table 1, live on the CPU-emulated testbed", "", f"Command: `{command}`", ""]
+    lines += [f"- {d}" for d in plan.describe()]
+    lines += ["", head, "|---" * (len(METHOD_ORDER) + 1) + "|"]
+    for label, a, b in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(stats.get(m), a, b) for m in METHOD_ORDER) + " |")
+    red = []
+    for m in METHOD_ORDER:
+        s = stats.get(m)
+        red.append("–" if m == "petals" or not s else f"{improvement_pct(s['response_mean'], petals_mean):.1f} %")
+    lines.append("| mean response reduction vs PETALS | " + " | ".join(red) + " |")
+    lines += ["", "Paper (LLaMA-2-7B on 3 × 3g.40gb + 6 × 2g.20gb, first 1000 requests, c = 35):", "",
+              "| metric (s) | " + " | ".join(_labels()) + " |", "|---" * (len(METHOD_ORDER) + 1) + "|"]
+    for label, a, b in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(PAPER[m], a, b) for m in METHOD_ORDER) + " |")
+    lines.append("| mean response reduction vs PETALS | – | "
+                 + " | ".join(f"{PAPER_REDUCTION_PCT[m]:.1f} %" for m in METHOD_ORDER[1:]) + " |")
+    lines += ["", "Methods as run:", ""]
+    for m in METHOD_ORDER:
+        info = infos.get(m, {})
+        lines.append(f"- **{_labels()[METHOD_ORDER.index(m)]}**: {info.get('status', 'not run')}; "
+                     f"{info.get('summary', '')}")
+    lines += ["", "Checks (Little's law: sampled mean in flight vs λ̂·W̄ from the records):", ""]
+    for m, res in results.items():
+        s = stats[m]
+        sampled, lw = littles_law(res)
+        if s.get("censored"):
+            lines.append(f"- {m}: {int(s['censored'])} request(s) still waiting at the cutoff are counted at the "
+                         "cutoff: its response and waiting figures are lower bounds")
+        lines.append(f"- {m}: {int(s['served'])}/{int(s['requests'])} served, mean failed routing attempts "
+                     f"{s.get('failed_attempts_mean', math.nan):.2f}, L sampled {sampled:.2f} vs λW {lw:.2f}, "
+                     f"replay wall {res.wall_s:.0f} s")
+    return "\n".join(lines) + "\n"
+
+
+def _labels() -> list[str]:
+    """Column labels in method order."""
+    return [METHODS[m].label for m in METHOD_ORDER]
+
+
+def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult]) -> Path:
+    """Bars: measured mean waiting + service per method next to the paper's; right: response-time CDFs."""
+    pyplot = plt()
+    fig, (a, b) = pyplot.subplots(1, 2, figsize=(12, 4.5))
+    labels = _labels()
+    x = np.arange(len(METHOD_ORDER))
+    for off, src, name, alpha in ((-0.2, stats, "here", 1.0), (0.2, PAPER, "paper", 0.45)):
+        wait = [src.get(m, {}).get("waiting_mean", math.nan) for m in METHOD_ORDER]
+        svc = [src.get(m, {}).get("service_mean", math.nan) for m in METHOD_ORDER]
+        a.bar(x + off, wait, 0.38, color="tab:red", alpha=alpha, label=f"waiting ({name})")
+        a.bar(x + off, svc, 0.38, bottom=np.nan_to_num(wait), color="tab:blue", alpha=alpha,
+              label=f"service ({name})")
+    a.set_xticks(x, labels)
+    a.set(ylabel="mean time (s)", title="Table 1: mean response = waiting + service (left bar here, right paper)")
+    a.legend(fontsize=8)
+    for m, res in results.items():
+        r = np.sort([q.response_s for q in res.records if not q.error])
+        if r.size:
+            b.step(r, np.arange(1, r.size + 1) / r.size, where="post", label=labels[METHOD_ORDER.index(m)])
+    b.set(xlabel="response time (s)", ylabel="fraction of requests", title="response-time CDF (here)")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot.close(fig)
+    return path
