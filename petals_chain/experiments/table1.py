@@ -113,7 +113,7 @@ def check_inputs(argv: Sequence[str]) -> int:
 def prepare(args: argparse.Namespace) -> Prepared:
     """Validate inputs and plan the replay; SpecError (naming the file/field) before any process is started."""
     from petals_chain.launch.live_setup import FittedServer
-    from petals_chain.launch.profiler import load_profile
+    from petals_chain.launch.profile_results import load_profile
 
     tb, trace, setup, methods = load_inputs(args)
     profile = load_profile(args.profile)

@@ -2,7 +2,7 @@
 
 Brings the testbed up (namespaces, delays), starts a whole-model PETALS server per testbed server,
 times prefill and decode steps over several block counts, input and output lengths (one server at
-a time), fits the paper's model (:mod:`petals_chain.launch.profiler`), probes the testbed's
+a time), fits the paper's model (:mod:`petals_chain.launch.profile_fit`), probes the testbed's
 capacity with closed-loop jobs, and writes ``OUT/STEM.json``, ``OUT/STEM_samples.csv``,
 ``OUT/STEM.png`` (measured vs model, paper Figs 9-10) and ``OUT/STEM_cluster.yaml`` (the fitted τ
 for the composer: ``python -m petals_chain compose OUT/STEM_cluster.yaml``). Everything is torn
@@ -52,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from petals_chain.launch.launcher import Launch, LaunchError
     from petals_chain.launch.live_setup import model_setup
     from petals_chain.launch.swarm_procs import MethodError
-    from petals_chain.launch.profiler import FULL_GRID, QUICK_GRID, LiveProfiler, Profile, fit_server, write_outputs
+    from petals_chain.launch.profile_fit import FULL_GRID, QUICK_GRID, fit_server
+    from petals_chain.launch.profile_results import Profile, write_outputs
+    from petals_chain.launch.profiler import LiveProfiler
 
     try:
         tb = load_testbed(args.testbed)

@@ -16,23 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from petals_chain.launch.profiler import (
+from petals_chain.launch.profile_fit import (
     FULL_GRID,
     PARAMS,
     QUICK_GRID,
     Capacity,
-    Profile,
     ProfileGrid,
     ServerFit,
     StepSample,
     design_row,
     fit_server,
-    job_times,
-    load_profile,
-    read_samples_csv,
     synthetic_samples,
-    write_samples_csv,
 )
+from petals_chain.launch.profile_results import Profile, job_times, load_profile, read_samples_csv, write_samples_csv
 from petals_chain.launch.slowdown import speed_factor_from_env, stretched
 from petals_chain.model import SpecError
 
@@ -159,7 +155,7 @@ def test_outputs_give_a_cluster_the_composer_accepts(tmp_path: Path) -> None:
     from petals_chain.compose.cluster import load_cluster
     from petals_chain.compose.tuning import compose
     from petals_chain.launch.live_setup import ModelSetup
-    from petals_chain.launch.profiler import write_outputs
+    from petals_chain.launch.profile_results import write_outputs
 
     rng = np.random.default_rng(11)
     fits = {n: _random_fit(rng, n) for n in ("s0", "s1", "s2")}

@@ -285,7 +285,8 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
     from petals_chain.launch.launcher import Launch
     from petals_chain.launch.live_methods import LiveMethod
     from petals_chain.launch.live_setup import FittedServer, model_setup
-    from petals_chain.launch.profiler import ProfileGrid, LiveProfiler, fit_server
+    from petals_chain.launch.profile_fit import ProfileGrid, fit_server
+    from petals_chain.launch.profiler import LiveProfiler
     from petals_chain.launch.testbed import load_testbed
     from petals_chain.loopback.swarm import write_tiny_llama
 

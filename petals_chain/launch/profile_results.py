@@ -1,0 +1,184 @@
+"""A testbed profile on disk: the fits and capacity (JSON), the step samples (CSV), measured-vs-model plots (PNG)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petals_chain.model import SpecError
+from petals_chain.launch.profile_fit import PARAMS, Capacity, ProfileGrid, ServerFit, StepSample
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile as written to JSON: testbed, model, fits by server, the capacity and the job shape τ is given for."""
+
+    testbed: str
+    model: str
+    num_blocks: int
+    max_length: int
+    fits: dict[str, ServerFit]
+    capacity: Capacity | None
+    job: tuple[int, int]
+    created: str = ""
+    command: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON document (fits with their τ for ``job``)."""
+        li, lo = self.job
+        return {"testbed": self.testbed, "model": self.model, "num_blocks": self.num_blocks,
+                "max_length": self.max_length, "job": {"input_tokens": li, "output_tokens": lo},
+                "created": self.created, "command": self.command,
+                "servers": [{**asdict(f), "tau_p_s": f.tau_p_s(li, lo), "tau_c_s": f.tau_c_s(lo),
+                             "model_tau_c_s": f.model_tau_c_s(lo)} for f in self.fits.values()],
+                "capacity": asdict(self.capacity) if self.capacity is not None else None}
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile JSON written by :func:`write_outputs`; SpecError naming the file and field if malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"profile file not found: {path} (python -m petals_chain.launch.profile TESTBED.yaml)")
+    try:
+        doc = json.loads(path.read_text())
+        names = set(ServerFit.__annotations__)
+        fits = {}
+        for i, s in enumerate(doc["servers"]):
+            kw = {k: s[k] for k in names if k in s}
+            for p in PARAMS:
+                v = kw.get(p)
+                if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise SpecError(f"{path}: servers[{i}].{p} must be a number >= 0, got {v!r}")
+            fits[s["name"]] = ServerFit(**kw)
+        cap = Capacity(**doc["capacity"]) if doc.get("capacity") else None
+        job = (int(doc["job"]["input_tokens"]), int(doc["job"]["output_tokens"]))
+        return Profile(doc["testbed"], doc["model"], int(doc["num_blocks"]), int(doc["max_length"]), fits, cap, job,
+                       doc.get("created", ""), doc.get("command", ""))
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise SpecError(f"{path}: not a profile written by petals_chain.launch.profile ({type(exc).__name__}: "
+                        f"{exc})") from None
+
+
+def write_samples_csv(path: Path, samples: Sequence[StepSample]) -> Path:
+    """Every timed step as a CSV row."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(StepSample.__annotations__))
+        w.writeheader()
+        w.writerows(asdict(s) for s in samples)
+    return path
+
+
+def read_samples_csv(path: Path) -> list[StepSample]:
+    """Step samples back from :func:`write_samples_csv`."""
+    types = {"server": str, "kind": str, "time_s": float}
+    with path.open() as fh:
+        return [StepSample(**{k: types.get(k, int)(v) for k, v in row.items()}) for row in csv.DictReader(fh)]
+
+
+def job_times(samples: Sequence[StepSample]) -> dict[tuple[str, int, int, int, int], float]:
+    """Total time of each measured job, keyed (server, m, l_in, l_out, repeat)."""
+    out: dict[tuple[str, int, int, int, int], float] = {}
+    for s in samples:
+        key = (s.server, s.blocks, s.input_tokens, s.output_tokens, s.repeat)
+        out[key] = out.get(key, 0.0) + s.time_s
+    return out
+
+
+def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, ServerFit], grid_base: tuple[int, int],
+                 num_blocks: int, title: str) -> Path:
+    """Measured vs model, like paper Figs 9-10: computation vs blocks / input length / output length; communication."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    jobs = job_times(samples)
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8.5))
+    speeds = sorted({f.speed_factor for f in fits.values()}, reverse=True)
+    cmaps = [plt.get_cmap(n) for n in ("Blues", "Oranges", "Greens", "Purples")]
+    colors = {}
+    for si, sp in enumerate(speeds):
+        group = [n for n, f in fits.items() if f.speed_factor == sp]
+        for gi, n in enumerate(group):
+            colors[n] = cmaps[si % len(cmaps)](0.45 + 0.5 * gi / max(1, len(group)))
+    b_in, b_out = grid_base
+    for name, f in fits.items():
+        c = colors[name]
+        # (a) computation of one job vs blocks, at the base job
+        pts = [(m, t - f.tau_c_s(lo)) for (s, m, li, lo, _), t in jobs.items()
+               if s == name and li == b_in and lo == b_out]
+        if pts:
+            ms = np.array(sorted({p[0] for p in pts}))
+            ax[0, 0].scatter([p[0] for p in pts], [p[1] for p in pts], s=12, color=c)
+            ax[0, 0].plot(ms, ms * f.tau_p_s(b_in, b_out), color=c, lw=1, label=f"{name} (speed {f.speed_factor:g})")
+        # (b) per-block prefill computation vs input length, on all blocks
+        pre = [(s.tokens, (s.time_s - f.round_trip_s - f.session_s) / s.blocks) for s in samples
+               if s.server == name and s.kind == "prefill" and s.blocks == num_blocks and s.output_tokens == b_out]
+        if pre:
+            xs = np.array(sorted({p[0] for p in pre}))
+            ax[0, 1].scatter([p[0] for p in pre], [p[1] * 1e3 for p in pre], s=12, color=c)
+            ax[0, 1].plot(xs, (f.t_o_s + f.t_in_s * xs) * 1e3, color=c, lw=1)
+        # (c) per-block decode computation of one job vs output length, on all blocks
+        dec: dict[tuple[int, int], float] = {}
+        for s in samples:
+            if s.server == name and s.blocks == num_blocks and s.input_tokens == b_in and s.kind == "decode":
+                key = (s.output_tokens, s.repeat)
+                dec[key] = dec.get(key, 0.0) + (s.time_s - f.round_trip_s) / s.blocks
+        if dec:
+            xs = np.array(sorted({k[0] for k in dec}))
+            ax[1, 0].scatter([k[0] for k in dec], [v * 1e3 for v in dec.values()], s=12, color=c)
+            ax[1, 0].plot(xs, f.t_out_s * (xs - 1) * 1e3, color=c, lw=1)
+    names = list(fits)
+    x = np.arange(len(names))
+    meas = [fits[n].tau_c_s(b_out) for n in names]
+    model = [fits[n].model_tau_c_s(b_out) for n in names]
+    ax[1, 1].bar(x - 0.2, meas, 0.4, label="measured (fit: s + l_out·r)", color="tab:blue")
+    ax[1, 1].bar(x + 0.2, model, 0.4, label="model: l_out·(RTT + 18 ms)", color="tab:gray")
+    ax[1, 1].set_xticks(x, names)
+    ax[0, 0].set(xlabel="blocks served m", ylabel="computation of one job (s)",
+                 title=f"Fig 9a: computation vs blocks (l_in={b_in}, l_out={b_out})")
+    ax[0, 1].set(xlabel="input length l_in (tokens)", ylabel="prefill per block (ms)",
+                 title="Fig 9b: computation vs input length (t_o + t_in·l_in)")
+    ax[1, 0].set(xlabel="output length l_out (tokens)", ylabel="decode per block, whole job (ms)",
+                 title="Fig 9c: computation vs output length (t_out·(l_out−1))")
+    ax[1, 1].set(xlabel="server", ylabel=f"communication of one job (s), l_out={b_out}",
+                 title="Fig 10: communication time per server")
+    ax[0, 0].legend(fontsize=7, ncol=2)
+    ax[1, 1].legend(fontsize=8)
+    for a in ax.flat:
+        a.grid(alpha=0.3)
+    fig.suptitle(f"{title}: measured (dots/bars) vs fitted model (lines)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[StepSample], setup: Any,
+                  memory: dict[str, float], grid: ProfileGrid, target_load: float = 0.7) -> dict[str, Path]:
+    """Samples CSV, profile JSON, the measured-vs-model PNG and the cluster file (fitted τ for ``profile.job``)."""
+    from petals_chain.launch.live_setup import FittedServer, write_cluster
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"samples": write_samples_csv(out_dir / f"{stem}_samples.csv", samples)}
+    paths["json"] = out_dir / f"{stem}.json"
+    paths["json"].write_text(json.dumps(profile.to_json(), indent=1))
+    paths["png"] = plot_profile(out_dir / f"{stem}.png", samples, profile.fits, (grid.base_input, grid.base_output),
+                                profile.num_blocks, f"profile of {profile.testbed}")
+    li, lo = profile.job
+    fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps)
+              for n, f in profile.fits.items()]
+    rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else 0.2
+    paths["cluster"] = write_cluster(out_dir / f"{stem}_cluster.yaml", setup, fitted, rate, target_load, profile.job)
+    return paths
