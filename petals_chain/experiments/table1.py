@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments.common import REPO, Summary, plt, publish
-from petals_chain.model import InfeasibleError, SpecError
+from petals_chain.model import InfeasibleError, SpecError, span_json, span_text
 
 DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
 DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated.json"
@@ -611,7 +611,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
             stats[method] = summarize(res.records)
             bad = [r for r in res.records if r.error]
             infos[method] = {"status": "ran" if not bad else f"ran, {len(bad)} request(s) failed",
-                             "summary": _describe_info(live.info), "placement": live.info.placement,
+                             "summary": _describe_info(live.info),
+                             "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
                              "errors": sorted({r.error for r in bad})[:5]}
             s = stats[method]
@@ -644,7 +645,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
 
 def _describe_info(info: Any) -> str:
     """One line about a started method: chains/capacity or PETALS' own spans."""
-    spans = ", ".join(f"{n}[{a}:{b}]" for n, (a, b) in sorted(info.placement.items()))
+    spans = ", ".join(f"{n}[{span_text(a, b)}]" for n, (a, b) in sorted(info.placement.items()))
     notes = ", ".join(f"{k}={v}" for k, v in info.notes.items() if k != "num_blocks")
     return f"{notes}; spans {spans}"
 
