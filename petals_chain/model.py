@@ -140,8 +140,8 @@ class Placement:
         for j, (a, m) in enumerate(zip(self.first_block, self.num_blocks)):
             if m > 0 and a + m - 1 > model.num_blocks:
                 raise SpecError(
-                    f"placement: server index {j} holds blocks {a}..{a + m - 1} but the model has "
-                    f"{model.num_blocks} blocks"
+                    f"placement: server index {j} holds blocks {span_text(*self.span(j))} but the model has "
+                    f"{model.num_blocks} blocks (0:{model.num_blocks})"
                 )
 
 
