@@ -9,7 +9,7 @@ profiler; token counts are scaled to the model's limits (prompts by ``input_scal
 the static job length the cache is sized for). Both factors are printed. Per request: arrival,
 service start (lease granted; for PETALS the start of the routing attempt that got its cache),
 end; waiting, service and response. Writes ``results/table1.{csv,md,png}`` and
-``results/table1_{requests.csv,details.json}`` next to the paper's Table 1 (spec §5).
+``results/table1_{requests.csv,details.json}`` next to the paper's Table 1 (docs/model.md, "Paper settings").
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
 DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated.json"
 METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")
 
-# Paper Table 1 (seconds), spec §5.
+# Paper Table 1 (seconds).
 PAPER: dict[str, dict[str, float]] = {
     "petals": {"response_mean": 31.4, "response_median": 27.8, "response_p95": 68.5, "response_p99": 89.3,
                "waiting_mean": 24.2, "waiting_median": 20.5, "waiting_p95": 61.3, "waiting_max": 142.6,
@@ -640,7 +640,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                  + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths.values()))
     return Summary("table1", "Table 1 live: PETALS vs BPRR vs JFFC only vs proposed on the CPU-emulated testbed",
                    command, lines, ["mean response reduction vs PETALS: BPRR 36.9 %, JFFC only 68.2 %, "
-                                    "proposed 76.8 % (spec §5)"], {"stats": stats})
+                                    "proposed 76.8 % (paper, Table 1)"], {"stats": stats})
 
 
 def _describe_info(info: Any) -> str:

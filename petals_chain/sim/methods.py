@@ -1,4 +1,4 @@
-"""The four whole systems of the overall comparison (paper §4.1.3, spec §4), built and simulated uniformly.
+"""The four whole systems of the overall comparison (paper §4.1.3; docs/model.md, "Baselines"), simulated alike.
 
 ``proposed``: GBP-CR(c*) + GCA with c* tuned by the Theorem 3.7 lower bound, JFFC dispatch.
 ``jffc_only``: every server that holds all L blocks is a one-server chain, JFFC dispatch.
