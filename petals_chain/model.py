@@ -1,14 +1,17 @@
-"""The system model of the chain-serving paper (§2.1) as frozen dataclasses.
+"""The system model of the chain-serving paper (§2.1; docs/model.md) as frozen dataclasses.
 
 Everything is in SI units: bytes for memory, seconds for time. Blocks are
 1-indexed as in the paper; a server with ``num_blocks == 0`` holds nothing.
-Construction validates its input and raises :class:`SpecError` naming the
-offending field, so bad input never reaches the algorithms.
+What a user reads is a 0-indexed half-open PETALS span ``start:end``:
+:func:`petals_span` converts, :func:`span_text` and :func:`span_json` write it
+(docs/model.md, "Conventions"). Construction validates its input and raises
+:class:`SpecError` naming the offending field, so bad input never reaches the algorithms.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +38,37 @@ def _check_positive(owner: str, name: str, value: float, *, allow_zero: bool = F
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise SpecError(f"{owner}: field '{name}' must be {bound}, got {value!r}")
+
+
+def _check_span(start: int, end: int) -> tuple[int, int]:
+    """(start, end) as ints; SpecError unless both are integers with 0 <= start <= end."""
+    for name, v in (("start", start), ("end", end)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise SpecError(f"span: field '{name}' must be an integer, got {v!r}")
+    if not 0 <= start <= end:
+        raise SpecError(f"span: need 0 <= start <= end, got start={start!r}, end={end!r}")
+    return int(start), int(end)
+
+
+def petals_span(first_block: int, num_blocks: int) -> tuple[int, int]:
+    """The PETALS span of blocks a .. a + m - 1 (1-indexed): (a - 1, a - 1 + m), end exclusive; (0, 0) if m = 0."""
+    if num_blocks == 0:
+        return (0, 0)
+    if num_blocks < 0 or first_block < 1:
+        raise SpecError(f"span: need first_block >= 1 and num_blocks >= 0, got {first_block!r}, {num_blocks!r}")
+    return _check_span(first_block - 1, first_block - 1 + num_blocks)
+
+
+def span_text(start: int, end: int) -> str:
+    """A span as users read it in tables, logs and plots: 'start:end', as petals' ``--block_indices`` takes it."""
+    start, end = _check_span(start, end)
+    return f"{start}:{end}"
+
+
+def span_json(start: int, end: int) -> dict[str, int]:
+    """A span as every JSON document of ours writes it: ``{"start": start, "end": end}``."""
+    start, end = _check_span(start, end)
+    return {"start": start, "end": end}
 
 
 @dataclass(frozen=True)
@@ -97,13 +131,17 @@ class Placement:
         """One past the last block server j holds (a_j + m_j)."""
         return self.first_block[j] + self.num_blocks[j]
 
+    def span(self, j: int) -> tuple[int, int]:
+        """Server j's blocks as a PETALS span (start, end), 0-indexed, end exclusive; (0, 0) when it holds none."""
+        return petals_span(self.first_block[j], self.num_blocks[j])
+
     def check_for(self, model: ModelSpec) -> None:
         """Raise SpecError if some server claims blocks outside 1..L."""
         for j, (a, m) in enumerate(zip(self.first_block, self.num_blocks)):
             if m > 0 and a + m - 1 > model.num_blocks:
                 raise SpecError(
-                    f"placement: server index {j} holds blocks {a}..{a + m - 1} but the model has "
-                    f"{model.num_blocks} blocks"
+                    f"placement: server index {j} holds blocks {span_text(*self.span(j))} but the model has "
+                    f"{model.num_blocks} blocks (0:{model.num_blocks})"
                 )
 
 
@@ -129,6 +167,10 @@ class Chain:
             out.append((j, start, m))
             start += m
         return out
+
+    def petals_spans(self) -> list[tuple[int, int, int]]:
+        """(server index, start, end) for each hop that processes blocks: the PETALS spans a session runs along."""
+        return [(j, *petals_span(a, m)) for j, a, m in self.spans() if m > 0]
 
 
 @dataclass(frozen=True)

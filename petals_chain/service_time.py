@@ -1,4 +1,4 @@
-"""Service-time model of an LLM server (spec §1, §5): τp from device figures, τc from round-trip times.
+"""Service-time model of an LLM server (docs/model.md, "Service time"): τp from device figures, τc from RTTs.
 
 τp_j = t_o + t_in_j · l_in + t_out_j · (l_out - 1), with t_in_j = F / f_j (prefill is
 compute-bound) and t_out_j = s_m / b_j (decode is memory-bound). Every generated
@@ -35,7 +35,7 @@ class Workload:
     flops_per_block_token: float = 5e9
 
 
-# The paper's two kinds (spec §5): MIG slices of an A100-80GB.
+# The paper's two kinds (§4.1.1; docs/model.md, "Paper settings"): MIG slices of an A100-80GB.
 PAPER_DEVICES: dict[str, DeviceKind] = {
     "a100-3g.40gb": DeviceKind("a100-3g.40gb", 40e9, 120e12, 1.02e12),
     "a100-2g.20gb": DeviceKind("a100-2g.20gb", 20e9, 80e12, 0.51e12),
@@ -59,7 +59,7 @@ def tau_c(rtt_s: float, workload: Workload = Workload(), overhead_s: float = PER
 
 
 def bloom_176b():
-    """The paper's simulated model (spec §5): BLOOM-176B, 70 blocks, NF4 1.32 GB, 0.11 GB cache per 2048 tokens."""
+    """The paper's simulated model (§4.1.1): BLOOM-176B, 70 blocks, NF4 1.32 GB, 0.11 GB cache per 2048 tokens."""
     from petals_chain.model import GB, ModelSpec
 
     return ModelSpec(70, 1.32 * GB, 0.11 * GB, name="bloom-176b")

@@ -47,7 +47,7 @@ def fastest_chain_time(servers: Sequence[ServerSpec], model: ModelSpec, concurre
 
 
 def bprr_concurrency(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float) -> int:
-    """R = min(round(λT_1 + √(λT_1)), R_max), at least 1 (spec §4)."""
+    """R = min(round(λT_1 + √(λT_1)), R_max), at least 1 (docs/model.md, "Baselines")."""
     if not arrival_rate > 0:
         raise SpecError(f"bprr: field 'arrival_rate' must be > 0, got {arrival_rate!r}")
     servers = validate_servers(servers)

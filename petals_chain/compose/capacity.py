@@ -1,4 +1,7 @@
-"""Per-server quantities that depend on the reserved concurrency c (spec eqs. 8, 9, 12, 3)."""
+"""Per-server quantities that depend on the reserved concurrency c (paper eqs. 8, 9, 12, 3).
+
+See docs/model.md, "Composition problem" for m_j(c) and c_max, and "Cache slots" for M̃_j.
+"""
 
 from __future__ import annotations
 

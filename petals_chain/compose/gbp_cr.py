@@ -79,5 +79,5 @@ def gbp_cr(
     arrival_rate: float,
     target_load: float = 0.7,
 ) -> Placement:
-    """GBP-CR placement for concurrency c (Algorithm 1 of the spec)."""
+    """GBP-CR placement for concurrency c (the paper's Algorithm 1; docs/model.md, "GBP-CR")."""
     return gbp_cr_detail(servers, model, c, arrival_rate, target_load).placement

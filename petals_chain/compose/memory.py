@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec
+from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec, span_text
 
 _TOLERANCE_BYTES = 1.0  # float slack, far below one block or cache slot
 
@@ -26,10 +26,11 @@ def chain_matches_placement(ch: Chain, placement: Placement, num_blocks: int) ->
     for j, b in zip(ch.servers, ch.blocks):
         a, m = placement.first_block[j], placement.num_blocks[j]
         if m == 0 or not (a <= pos <= a + m - 1) or pos + b != a + m:
-            return f"hop to server {j} at block {pos} with {b} blocks does not match its span {a}..{a + m - 1}"
+            held = span_text(*placement.span(j)) if m > 0 else "no blocks"
+            return f"hop to server {j} runs blocks {pos - 1}:{pos - 1 + b}, not a tail of the span it holds, {held}"
         pos += b
     if pos != num_blocks + 1:
-        return f"chain ends at block {pos - 1}, not {num_blocks}"
+        return f"chain runs blocks 0:{pos - 1}, not 0:{num_blocks}"
     return None
 
 

@@ -1,17 +1,21 @@
-"""Turn a Composition into the JSON document and the readable table the CLI prints."""
+"""Turn a Composition into the JSON document and the readable table the CLI prints.
+
+Spans are written the PETALS way, 0-indexed and end-exclusive: ``{"start": 0, "end": 15}`` in JSON and
+``0:15`` in the table (docs/model.md, "Conventions"); the paper's 1-indexed a_j stays inside the algorithms.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from petals_chain.model import Composition
+from petals_chain.model import Composition, span_json, span_text
 
 
 def composition_to_dict(comp: Composition) -> dict[str, Any]:
-    """The CLI's JSON shape: c, placement (name → [first_block, num_blocks]), chains, rate, bounds."""
+    """The CLI's JSON shape: c, placement (name → {start, end}), chains with their spans, rate, bounds."""
     names = [s.name for s in comp.servers]
     placement = {
-        names[j]: [comp.placement.first_block[j], comp.placement.num_blocks[j]]
+        names[j]: span_json(*comp.placement.span(j))
         for j in range(len(names))
         if comp.placement.num_blocks[j] > 0
     }
@@ -19,6 +23,7 @@ def composition_to_dict(comp: Composition) -> dict[str, Any]:
         {
             "servers": [names[j] for j in ch.servers],
             "blocks": list(ch.blocks),
+            "spans": [{"server": names[j], **span_json(a, b)} for j, a, b in ch.petals_spans()],
             "capacity": ch.capacity,
             "service_time_s": ch.service_time_s,
         }
@@ -55,13 +60,12 @@ def composition_table(comp: Composition, arrival_rate: float | None = None) -> s
     lines.append("")
     lines.append(f"{'server':<16}{'blocks':>12}{'memory GB':>11}{'tau_c s':>9}{'tau_p s':>9}")
     for j, s in enumerate(comp.servers):
-        a, m = comp.placement.first_block[j], comp.placement.num_blocks[j]
-        span = f"{a}-{a + m - 1}" if m else "-"
+        span = span_text(*comp.placement.span(j)) if comp.placement.num_blocks[j] else "-"
         lines.append(f"{s.name:<16}{span:>12}{s.memory_bytes / 1e9:>11.2f}{s.tau_c_s:>9.3f}{s.tau_p_s:>9.4f}")
     lines.append("")
-    lines.append(f"{'chain':<6}{'capacity':>9}{'T_k s':>9}  servers (blocks)")
+    lines.append(f"{'chain':<6}{'capacity':>9}{'T_k s':>9}  servers [blocks start:end]")
     for k, ch in enumerate(d["chains"]):
-        hops = " -> ".join(f"{n}({b})" for n, b in zip(ch["servers"], ch["blocks"]))
+        hops = " -> ".join(f"{h['server']}[{span_text(h['start'], h['end'])}]" for h in ch["spans"])
         lines.append(f"{k:<6}{ch['capacity']:>9}{ch['service_time_s']:>9.3f}  {hops}")
     lines.append("")
     lines.append(f"total capacity {d['total_capacity']} jobs, total service rate {d['total_rate_per_s']:.4f} /s")

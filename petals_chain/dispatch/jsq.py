@@ -1,4 +1,4 @@
-"""JSQ and speed-aware JSQ extended to chains with c_l parallel slots (spec §4)."""
+"""JSQ and speed-aware JSQ extended to chains with c_l parallel slots (docs/model.md, "Dispatch baselines")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared machinery of the per-chain dispatch baselines (spec §4): each chain is an FCFS queue of c_l slots.
+"""Machinery of the per-chain dispatch baselines (docs/model.md, "Dispatch baselines"): chain = FCFS queue, c_l slots.
 
 A policy picks a chain on arrival and the job stays there: it starts at once if
 the chain has a free slot, else it waits in that chain's own FIFO queue.

@@ -1,4 +1,4 @@
-"""SED (smallest expected delay) extended to chains with c_l parallel slots (spec §4)."""
+"""SED (smallest expected delay) for chains with c_l parallel slots (docs/model.md, "Dispatch baselines")."""
 
 from __future__ import annotations
 

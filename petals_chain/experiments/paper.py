@@ -1,4 +1,4 @@
-"""The paper's simulation settings (spec §5) and the shared way experiments draw a cluster."""
+"""The paper's simulation settings (docs/model.md, "Paper settings") and the shared way experiments draw a cluster."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ profiler; token counts are scaled to the model's limits (prompts by ``input_scal
 the static job length the cache is sized for). Both factors are printed. Per request: arrival,
 service start (lease granted; for PETALS the start of the routing attempt that got its cache),
 end; waiting, service and response. Writes ``results/table1.{csv,md,png}`` and
-``results/table1_{requests.csv,details.json}`` next to the paper's Table 1 (spec §5).
+``results/table1_{requests.csv,details.json}`` next to the paper's Table 1 (docs/model.md, "Paper settings").
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import REPO, Summary, publish
 from petals_chain.experiments.replay import ReplayPlan, ReplayResult, plan_replay, prompts_for, replay, summarize
 from petals_chain.experiments.table1_report import METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, write_outputs
-from petals_chain.model import InfeasibleError, SpecError
+from petals_chain.model import InfeasibleError, SpecError, span_json, span_text
 
 DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
 DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated.json"
@@ -203,7 +203,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
             stats[method] = summarize(res.records)
             bad = [r for r in res.records if r.error]
             infos[method] = {"status": "ran" if not bad else f"ran, {len(bad)} request(s) failed",
-                             "summary": _describe_info(live.info), "placement": live.info.placement,
+                             "summary": _describe_info(live.info),
+                             "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
                              "errors": sorted({r.error for r in bad})[:5]}
             s = stats[method]
@@ -232,12 +233,12 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                  + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths.values()))
     return Summary("table1", "Table 1 live: PETALS vs BPRR vs JFFC only vs proposed on the CPU-emulated testbed",
                    command, lines, ["mean response reduction vs PETALS: BPRR 36.9 %, JFFC only 68.2 %, "
-                                    "proposed 76.8 % (spec §5)"], {"stats": stats})
+                                    "proposed 76.8 % (paper, Table 1)"], {"stats": stats})
 
 
 def _describe_info(info: Any) -> str:
     """One line about a started method: chains/capacity or PETALS' own spans."""
-    spans = ", ".join(f"{n}[{a}:{b}]" for n, (a, b) in sorted(info.placement.items()))
+    spans = ", ".join(f"{n}[{span_text(a, b)}]" for n, (a, b) in sorted(info.placement.items()))
     notes = ", ".join(f"{k}={v}" for k, v in info.notes.items() if k != "num_blocks")
     return f"{notes}; spans {spans}"
 

@@ -221,7 +221,7 @@ def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeo
         recs = {r["name"]: r for r in servers["servers"]}
         ready = bool(health["composition"]) and all(n in recs and recs[n]["alive"] and recs[n]["peer_id"]
                                                     for n in names) and all(
-            r["serving"] == [r["assignment"]["start"], r["assignment"]["end"]]
+            r["serving"] == {"start": r["assignment"]["start"], "end": r["assignment"]["end"]}
             for r in recs.values() if r["alive"] and r["assignment"] and r["assignment"]["num_blocks"] > 0)
         key = (servers["version"], ready)
         if ready and key == last:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from petals_chain.model import SpecError
+from petals_chain.model import SpecError, span_text
 from petals_chain.client.session import close_client
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 
@@ -96,13 +96,13 @@ def print_composition(sw: LocalSwarm) -> dict[str, Any]:
     for r in servers:
         a = r["assignment"]
         m = a["num_blocks"] if a else 0
-        span = f"{a['start']}:{a['end']}" if m else "-"
+        span = span_text(a["start"], a["end"]) if m else "-"
         slots = sizes.cache_slots(r["memory_bytes"], m) if m else 0
         print(f"  {r['name']:8} {r['memory_bytes'] / 1e6:7.0f}MB {r['tau_p_s'] * 1e3:8.1f}ms {r['tau_c_s']:6.3f}s "
               f"{span:>8} {slots:12d}")
     print(f"  {'chain':7} {'route':44} {'c_k':>4} {'T_k':>7}")
     for c in sorted(chains, key=lambda c: c["service_time_s"]):
-        route = " -> ".join(f"{s['server']}[{s['start']}:{s['end']}]" for s in c["spans"])
+        route = " -> ".join(f"{s['server']}[{span_text(s['start'], s['end'])}]" for s in c["spans"])
         print(f"  {c['chain_id']:7} {route:44} {c['capacity']:4d} {c['service_time_s']:6.2f}s")
     print()
     return {"health": health, "servers": servers, "chains": chains}

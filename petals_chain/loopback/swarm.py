@@ -240,7 +240,7 @@ class LocalSwarm:
                 continue
             recs = {r["name"]: r for r in servers["servers"]}
             ready = health["composition"] and all(n in recs and recs[n]["alive"] for n in names) and all(
-                r["serving"] == [r["assignment"]["start"], r["assignment"]["end"]]
+                r["serving"] == {"start": r["assignment"]["start"], "end": r["assignment"]["end"]}
                 for r in recs.values()
                 if r["alive"] and r["assignment"] and r["assignment"]["num_blocks"] > 0
             )

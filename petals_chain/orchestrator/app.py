@@ -8,7 +8,7 @@ never changes state, so a running swarm is unaffected by a misbehaving caller.
 Routes (JSON unless noted; with a token, all but /health need ``Authorization: Bearer T``):
 GET /health · GET /metrics (Prometheus text) · GET /chains · GET /queue · GET /servers ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
-POST /servers/heartbeat {name, serving?: [start, end], tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
+POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).

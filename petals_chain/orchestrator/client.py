@@ -175,10 +175,10 @@ class OrchestratorClient:
 
     async def heartbeat(self, name: str, *, serving: tuple[int, int] | None = None, tau_p_s: float | None = None,
                         tau_c_s: float | None = None) -> AssignmentInfo | None:
-        """Report liveness (and the span served now); returns the current assignment."""
+        """Report liveness (and the span served now, as (start, end)); returns the current assignment."""
         body: dict[str, Any] = {"name": name}
         if serving is not None:
-            body["serving"] = list(serving)
+            body["serving"] = {"start": serving[0], "end": serving[1]}  # the orchestrator checks the values
         if tau_p_s is not None:
             body["tau_p_s"] = tau_p_s
         if tau_c_s is not None:

@@ -3,7 +3,8 @@
 Servers register with their memory budget and measured times (τp per block, τc
 from the RTT); every change to the set of live servers is a new composition
 (tune c → GBP-CR → GCA) with a new version number, from which each server's
-blocks are derived as a 0-indexed half-open PETALS span ``start:end``.
+blocks are derived as a 0-indexed half-open PETALS span ``start:end``, written
+``{"start": S, "end": E}`` in every JSON body (docs/model.md, "Conventions").
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError
+from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError, span_json, span_text
 
 # A single machine with more than this much accelerator memory is a typo (1 PB default).
 MAX_MEMORY_BYTES = 1e15
@@ -102,7 +103,7 @@ class ServerRecord:
             "alive": self.alive,
             "dead_reason": self.dead_reason or None,
             "assignment": self.assignment.to_json() if self.assignment else None,
-            "serving": list(self.serving) if self.serving else None,
+            "serving": span_json(*self.serving) if self.serving else None,
         }
 
 
@@ -258,7 +259,7 @@ class Registry:
     ) -> tuple[ServerRecord, bool]:
         """Record that a server is alive and what it serves; return (record, recomposition needed).
 
-        ``serving`` is the PETALS span [start, end) it currently holds; it must be its current or
+        ``serving`` is the PETALS span ``{"start": S, "end": E}`` it currently holds; it must be its current or
         its previous assignment (a server still reloading), else ClaimError and nothing changes.
         With ``keep_times`` (a server whose times the operator pinned) the reported τ are checked but not taken.
         """
@@ -283,28 +284,30 @@ class Registry:
         return rec, changed
 
     def _check_claim(self, rec: ServerRecord, serving: Any) -> tuple[int, int] | None:
-        """Validate a claimed span against the server's current and previous assignments."""
+        """Validate a claimed span ``{"start": S, "end": E}`` against the server's current and previous assignments."""
         if serving is None:
             return None
         ok_shape = (
-            isinstance(serving, (list, tuple))
-            and len(serving) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in serving)
+            isinstance(serving, dict)
+            and set(serving) == {"start", "end"}
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in serving.values())
         )
         if not ok_shape:
-            raise RegistryError(f"field 'serving' must be [start, end] (two integers), got {serving!r}")
-        start, end = serving
+            raise RegistryError(
+                f"field 'serving' must be {{\"start\": S, \"end\": E}} (two integers), got {serving!r}"
+            )
+        start, end = serving["start"], serving["end"]
         if not 0 <= start <= end <= self.model.num_blocks:
             raise RegistryError(
-                f"field 'serving' = [{start}, {end}] is not a span within 0..{self.model.num_blocks} blocks"
+                f"field 'serving' = {start}:{end} is not a span within 0:{self.model.num_blocks}"
             )
         if start == end:
             return (start, end)  # holds nothing yet: always allowed
         allowed = [a for a in (rec.assignment, rec.previous_assignment) if a is not None and a.num_blocks > 0]
         if not any((a.start, a.end) == (start, end) for a in allowed):
-            given = ", ".join(f"{a.start}:{a.end} (v{a.version})" for a in allowed) or "no blocks"
+            given = ", ".join(f"{span_text(a.start, a.end)} (v{a.version})" for a in allowed) or "no blocks"
             raise ClaimError(
-                f"server {rec.name!r} claims blocks {start}:{end} but was given {given}; "
+                f"server {rec.name!r} claims blocks {span_text(start, end)} but was given {given}; "
                 "load the assigned span (GET /servers/{name}/assignment)"
             )
         return (start, end)
@@ -364,10 +367,8 @@ class Registry:
         self.composition, self.error = composition, error
         placed: dict[str, tuple[int, int]] = {}
         if composition is not None:
-            pl = composition.placement
             for j, s in enumerate(composition.servers):
-                a, m = pl.first_block[j], pl.num_blocks[j]
-                placed[s.name] = (a - 1, a - 1 + m) if m > 0 else (0, 0)
+                placed[s.name] = composition.placement.span(j)
         for rec in self.servers.values():
             span = placed.get(rec.name, (0, 0))
             new = Assignment(rec.name, span[0], span[1], self.version)
@@ -432,8 +433,6 @@ def chain_infos(composition: Composition, version: int) -> list[ChainInfo]:
     """The composition's chains in its own order (= JFFC chain indices) as named PETALS spans."""
     out = []
     for k, ch in enumerate(composition.chains):
-        spans = tuple(
-            SpanInfo(composition.servers[j].name, a - 1, a - 1 + m) for j, a, m in ch.spans() if m > 0
-        )
+        spans = tuple(SpanInfo(composition.servers[j].name, a, b) for j, a, b in ch.petals_spans())
         out.append(ChainInfo(spans, ch.capacity, ch.service_time_s, f"v{version}.{k}"))
     return out

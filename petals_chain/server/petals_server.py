@@ -1,4 +1,4 @@
-"""A PETALS server whose blocks come from the orchestrator, with its KV cache sized by the §2.1 memory model.
+"""A PETALS server whose blocks come from the orchestrator, its KV cache sized per docs/model.md, "Cache slots".
 
 ``OrchestratedServer`` subclasses petals' ``Server`` at its two documented plug-in
 points: ``_choose_blocks`` waits for the span the orchestrator assigned (instead of
@@ -19,7 +19,7 @@ from typing import Any
 
 from petals.server.server import Server
 
-from petals_chain.model import SpecError
+from petals_chain.model import SpecError, span_text
 from petals_chain.service_time import Workload, tau_c
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import AssignmentInfo, OrchestratorError
@@ -220,9 +220,9 @@ class OrchestratedServer(Server):
         self._chosen = span
         used = self.sizes.block_bytes * m + self.attn_cache_bytes
         log.info(
-            "serving blocks %d:%d (%d blocks): %d cache slots = %.1f jobs of %d tokens on every block; "
+            "serving blocks %s (%d blocks): %d cache slots = %.1f jobs of %d tokens on every block; "
             "s_m*m + s_c*slots = %.4g B <= M = %.4g B",
-            span[0], span[1], m, self.cache_slots, self.cache_slots / m, self.sizes.max_length, used,
+            span_text(*span), m, self.cache_slots, self.cache_slots / m, self.sizes.max_length, used,
             self.profile.memory_bytes,
         )
         return list(range(span[0], span[1]))
@@ -268,7 +268,7 @@ class OrchestratedServer(Server):
             return False
         if now - self._pending[1] < self.settle_s:
             return False
-        log.info("reassigned: %d:%d -> %s; reloading", *self._chosen, _span_text(a))
+        log.info("reassigned: %s -> %s; reloading", span_text(*self._chosen), _span_text(a))
         self._pending = None
         return True
 
@@ -296,7 +296,7 @@ def _span_text(a: AssignmentInfo | None) -> str:
     """'start:end (vN)' or 'none yet'."""
     if a is None:
         return "none yet"
-    return f"{a.start}:{a.end} (v{a.version})" if a.end > a.start else f"no blocks (v{a.version})"
+    return f"{span_text(a.start, a.end)} (v{a.version})" if a.end > a.start else f"no blocks (v{a.version})"
 
 
 def profile_server(

@@ -2,7 +2,7 @@
 
 Unlike :mod:`petals_chain.sim.engine` (fixed chains with capacities), these
 systems pick a path per request in the feasible-edge DAG of a placement
-(spec §2.1: a hop at server j covers blocks p .. a_j+m_j-1, m_ij = a_j+m_j-p),
+(docs/model.md, "Placement and chains": a hop at server j covers blocks p .. a_j+m_j-1, m_ij = a_j+m_j-p),
 and the only shared resource is each server's cache: M̃_j slots (eq. 3); a job
 on a path holds m_ij slots at every hop j for its whole service (memory eq. 1).
 Service time = job size (Exp(1)) × Σ_hops (τc_j + τp_j m_ij), the paper's model.

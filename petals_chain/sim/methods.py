@@ -1,4 +1,4 @@
-"""The serving methods of the overall comparison (paper §4.1.3), built and simulated uniformly.
+"""The serving methods of the overall comparison (paper §4.1.3; docs/model.md, "Baselines"), simulated alike.
 
 Which methods there are, how each places blocks and routes requests, is the table
 :data:`petals_chain.compose.methods.METHODS`; this module turns an entry into a simulated system:

@@ -1,15 +1,15 @@
-"""Network and server draws for the paper's simulations (spec §1, §5): RIPE Atlas RTTs → τc_j, GPU kinds → τp_j.
+"""Network and server draws for the paper's simulations (§4.1.1): RIPE Atlas RTTs → τc_j, GPU kinds → τp_j.
 
 The RIPE Atlas file lists measurements per anchor, not pairs; the pairwise RTT
-follows the rule of spec §5, ``RTT(i,j) = 0.3·median_i + 0.3·median_j +
+follows the rule of docs/model.md, "Network", ``RTT(i,j) = 0.3·median_i + 0.3·median_j +
 0.01 ms/km · haversine(i,j)`` with ``median_i`` the median of all of anchor i's
 latency_m1..m4 values, and RTT(i,i) = 0 (a node talking to itself). τp and τc
 come from :mod:`petals_chain.service_time` so composition and simulation agree:
 τp = 108.9 ms (3g.40gb) and 175.2 ms (2g.20gb) for l_in = 2000, l_out = 20, as
-spec §5's ≈109 / ≈175 ms. τc follows profile.tau_c, l_out · (RTT + 18 ms): the
-18 ms is charged per round trip (prefill + l_out - 1 decode steps); spec §1's
-wording ("plus ~18 ms") could also be read as once per job (τc smaller by
-19 × 18 ms = 0.34 s per hop); pass ``overhead_s`` to change it.
+the paper's ≈109 / ≈175 ms. τc follows service_time.tau_c, l_out · (RTT + 18 ms): the
+18 ms is charged per round trip (prefill + l_out - 1 decode steps; docs/model.md, "Service time");
+charged once per job instead, τc would be smaller by 19 × 18 ms = 0.34 s per hop; pass
+``overhead_s`` to change it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from petals_chain.service_time import Workload as TokenWorkload
 from petals_chain.data.ripe import Anchors, Topology, draw_topology
 from petals_chain.sim.workloads import TokenServiceModel
 
-PAPER_BLOCK_BYTES = bloom_176b().block_bytes  # BLOOM-176B block under NF4 (spec §5)
+PAPER_BLOCK_BYTES = bloom_176b().block_bytes  # BLOOM-176B block under NF4 (docs/model.md, "Paper settings")
 
 
 def paper_server_kinds() -> tuple[DeviceKind, DeviceKind]:

@@ -85,7 +85,7 @@ def token_sizes(trace: Trace, *, t_o_s: float = 1e-3, t_in_s: float = 5e9 / 120e
 
     This keeps the paper's model (time = size / μ_k, μ_k built for the mean job)
     and scales each job by how much prefill/decode work it carries relative to
-    the average; the default t_* are the high GPU kind's (spec §5). Use
+    the average; the default t_* are the high GPU kind's (docs/model.md, "Paper settings"). Use
     :class:`TokenServiceModel` when chains differ in their prefill/decode mix.
     """
     work = per_block_time_s(trace.input_tokens, trace.output_tokens, t_o_s=t_o_s, t_in_s=t_in_s, t_out_s=t_out_s)
@@ -99,7 +99,7 @@ class TokenServiceModel:
     For a chain whose hops j process m_j blocks with RTT r_j to the orchestrator
     and an overhead o per round trip: fixed_k = Σ_j (r_j + o + m_j t_o),
     per_input_k = Σ_j m_j t_in_j, per_output_k = Σ_j (r_j + o + m_j t_out_j): one
-    round trip for the prefill and one per decode step (spec §1). Built by
+    round trip for the prefill and one per decode step (docs/model.md, "Service time"). Built by
     :func:`petals_chain.sim.network.chain_token_model`.
     """
 

@@ -26,17 +26,50 @@ servers:
 """
 
 
+def check_spans(out: dict, num_blocks: int) -> None:
+    """Every chain's spans tile blocks 0:L in order, lie inside the hop's placed span and match its block count."""
+    for ch in out["chains"]:
+        spans = ch["spans"]
+        assert [h["server"] for h in spans] == ch["servers"]
+        assert [h["end"] - h["start"] for h in spans] == ch["blocks"]
+        assert spans[0]["start"] == 0 and spans[-1]["end"] == num_blocks
+        assert all(x["end"] == y["start"] for x, y in zip(spans, spans[1:]))
+        for h in spans:
+            held = out["placement"][h["server"]]
+            assert held["start"] <= h["start"] < h["end"] == held["end"]  # a hop processes a suffix of its blocks
+    for span in out["placement"].values():
+        assert set(span) == {"start", "end"} and 0 <= span["start"] < span["end"] <= num_blocks
+
+
 def test_json_output_for_the_worked_example(tmp_path, capsys):
     f = tmp_path / "example.yaml"
     f.write_text(EXAMPLE)
     assert main(["compose", str(f), "--c", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["c"] == 1
-    assert out["placement"] == {"j1": [1, 1], "j2": [2, 2], "j3": [1, 1], "j4": [2, 1], "j5": [3, 1]}
+    # PETALS spans, 0-indexed and end-exclusive: j2 holds the paper's blocks 2-3, i.e. 1:3.
+    assert out["placement"] == {"j1": {"start": 0, "end": 1}, "j2": {"start": 1, "end": 3},
+                                "j3": {"start": 0, "end": 1}, "j4": {"start": 1, "end": 2},
+                                "j5": {"start": 2, "end": 3}}
     assert [ch["servers"] for ch in out["chains"]] == [["j1", "j2"], ["j1", "j4", "j5"], ["j3", "j4", "j5"]]
+    assert [[(h["server"], h["start"], h["end"]) for h in ch["spans"]] for ch in out["chains"]] == [
+        [("j1", 0, 1), ("j2", 1, 3)], [("j1", 0, 1), ("j4", 1, 2), ("j5", 2, 3)],
+        [("j3", 0, 1), ("j4", 1, 2), ("j5", 2, 3)]]
+    check_spans(out, num_blocks=3)
     assert [ch["capacity"] for ch in out["chains"]] == [5, 5, 5]
     assert out["total_rate_per_s"] == pytest.approx(sum(5 / ch["service_time_s"] for ch in out["chains"]))
     assert 0 < out["bounds"]["lower_s"] <= out["bounds"]["upper_s"]
+
+
+def test_table_writes_petals_spans(tmp_path, capsys):
+    f = tmp_path / "example.yaml"
+    f.write_text(EXAMPLE)
+    assert main(["compose", str(f), "--c", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    held = {ln.split()[0]: ln.split()[1] for ln in lines if ln.startswith("j")}
+    assert held == {"j1": "0:1", "j2": "1:3", "j3": "0:1", "j4": "1:2", "j5": "2:3"}
+    routes = [ln.split(None, 3)[3] for ln in lines if ln[:1].isdigit()]
+    assert routes == ["j1[0:1] -> j2[1:3]", "j1[0:1] -> j4[1:2] -> j5[2:3]", "j3[0:1] -> j4[1:2] -> j5[2:3]"]
 
 
 def test_tuned_json_has_the_curve(tmp_path, capsys):
@@ -71,6 +104,7 @@ def test_shipped_clusters_compose_from_the_command_line(name):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["c"] >= 1 and out["chains"]
+    check_spans(out, num_blocks={"paper_default.yaml": 70, "llama2_7b_testbed.yaml": 32}[name])
     assert out["bounds"]["lower_s"] <= out["bounds"]["upper_s"]
     table = subprocess.run(
         [sys.executable, "-m", "petals_chain", "compose", str(CLUSTERS / name)],

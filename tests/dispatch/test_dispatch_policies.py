@@ -1,4 +1,4 @@
-"""Unit behaviour of the dispatch baselines (spec §4) and the policy factory."""
+"""Unit behaviour of the dispatch baselines (docs/model.md, "Dispatch baselines") and the policy factory."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ def test_servers_serve_their_assignment_with_cache_from_the_memory_model(swarm: 
     for name, rec in holding.items():
         a = rec["assignment"]
         m = a["end"] - a["start"]
-        assert rec["serving"] == [a["start"], a["end"]]
+        assert rec["serving"] == {"start": a["start"], "end": a["end"]}
         slots = math.floor((rec["memory_bytes"] - sizes.block_bytes * m) / sizes.cache_bytes)
         assert slots >= 1 and sizes.block_bytes * m + sizes.cache_bytes * slots <= rec["memory_bytes"]
         assert sizes.block_bytes * m + sizes.cache_bytes * (slots + 1) > rec["memory_bytes"]  # none wasted
@@ -389,8 +389,8 @@ def test_leaving_server_reassignment_and_teardown_leave_no_orphans(swarm: LocalS
         recs = [r for r in swarm.get("/servers")["servers"] if r["alive"]]
         for r in recs:
             a = r["assignment"]
-            want = [a["start"], a["end"]] if a["num_blocks"] else None
-            have = r["serving"] if r["serving"] and r["serving"][1] > r["serving"][0] else None
+            want = {"start": a["start"], "end": a["end"]} if a["num_blocks"] else None
+            have = r["serving"] if r["serving"] and r["serving"]["end"] > r["serving"]["start"] else None
             if have != want:
                 return None
         return {r["name"]: r["assignment"] for r in recs}

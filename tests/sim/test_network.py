@@ -1,4 +1,4 @@
-"""RIPE Atlas network: per-anchor medians, the spec §5 RTT rule, seeded draws, the paper's τp/τc."""
+"""RIPE Atlas network: per-anchor medians, the RTT rule (docs/model.md, "Network"), seeded draws, the paper's τp/τc."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def test_paper_kinds_give_the_published_per_block_times() -> None:
     servers, topo, kinds = draw_paper_cluster(20, 0.2, np.random.default_rng(0))
     assert [k.memory_bytes for k in kinds] == [s.memory_bytes for s in servers]
     taus = {s.memory_bytes: s.tau_p_s for s in servers}
-    assert taus[40 * GB] == pytest.approx(0.109, abs=1e-3)  # spec §5: ≈ 109 ms
-    assert taus[20 * GB] == pytest.approx(0.175, abs=1e-3)  # spec §5: ≈ 175 ms
+    assert taus[40 * GB] == pytest.approx(0.109, abs=1e-3)  # paper §4.1.1: ≈ 109 ms
+    assert taus[20 * GB] == pytest.approx(0.175, abs=1e-3)  # paper §4.1.1: ≈ 175 ms
     assert (high.memory_bytes, low.memory_bytes) == (40 * GB, 20 * GB)
     assert [s.name for s in servers] == [f"s{j}" for j in range(20)]
     assert sum(s.memory_bytes == 40 * GB for s in servers) == 4
