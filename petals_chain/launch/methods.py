@@ -15,7 +15,7 @@ root namespace that call ``generate()``:
 * ``jffc_only``: every server that holds the whole model is a one-server chain; JFFC leases.
 * ``proposed``: GBP-CR + GCA with c tuned by the Theorem 3.7 lower bound; JFFC leases.
 
-Orchestrated methods use the orchestrator of :mod:`petals_chain.orchestrator.app` with the
+Orchestrated methods use the orchestrator of :mod:`petals_chain.orchestrator.core` with the
 servers' τp/τc pinned to the profiler's fitted values (a server's own RTT to the orchestrator does
 not cross the emulated delays), started by ``python -m petals_chain.launch.methods orchestrator``.
 Every session of every method reserves cache for the static job length (the paper's s_c).
@@ -662,7 +662,8 @@ async def _run_orchestrator(args: argparse.Namespace) -> None:
     """Build the method's registry + orchestrator from the cluster file, start its DHT, serve until a signal."""
     from petals_chain.compose.cluster import load_cluster
     from petals_chain.orchestrator.dht import start_dht
-    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+    from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.registry import Registry
     from petals_chain.checkpoint.sizing import block_sizes
 

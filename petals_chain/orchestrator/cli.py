@@ -97,7 +97,8 @@ def build_registry(args: argparse.Namespace) -> tuple[Registry, list]:
 
 async def _run(args: argparse.Namespace) -> None:
     """Build the orchestrator, compose for the planned servers, and serve until a signal."""
-    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+    from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.core import Orchestrator
 
     registry, planned = build_registry(args)
     if args.pin_cluster_times and not args.cluster:
