@@ -42,7 +42,8 @@ def synthetic_composition(num_chains: int, rng: np.random.Generator) -> Composit
 
 def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
     """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>."""
-    from petals_chain.orchestrator.app import Orchestrator, build_app, serve
+    from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.registry import Registry
 
     comp = synthetic_composition(num_chains, np.random.default_rng(seed))
@@ -132,7 +133,7 @@ def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.
 async def _lease_manager_us(comp: Composition, pairs: int) -> float:
     """µs per acquire+release round trip in the LeaseManager itself (no HTTP)."""
     from petals_chain.orchestrator.leases import LeaseManager
-    from petals_chain.orchestrator.registry import chain_infos
+    from petals_chain.orchestrator.chains import chain_infos
 
     lm = LeaseManager()
     lm.set_chains(chain_infos(comp, 1), 1)

@@ -2,22 +2,26 @@
 
 Reading: ``nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current
 --format=csv,noheader`` (which GPUs, which product, MIG capable/enabled), ``nvidia-smi -L`` (GPU and
-``MIG-...`` device UUIDs), ``nvidia-smi mig -lgip`` (profile IDs offered), ``-lgi`` / ``-lci``
-(existing GPU / compute instances). Plan per GPU: ``nvidia-smi -i N -mig 1`` if MIG is off,
-then ``nvidia-smi mig -i N -cgi ID:START,... -C`` (explicit placements, largest first, so the
-driver cannot pick a layout that leaves no room for the rest). Teardown: ``nvidia-smi mig -i N
--dci -gi G`` and ``-dgi -gi G`` for each instance we made, and ``nvidia-smi -i N -mig 0`` if we
-turned MIG on. A GPU that already has instances is refused (we never destroy someone else's).
-Each server then runs with ``CUDA_VISIBLE_DEVICES=<MIG UUID>``.
+``MIG-...`` device UUIDs), ``nvidia-smi mig -lgip`` (profile IDs offered), ``-lgipp`` (their placements),
+``-lgi`` / ``-lci`` (existing GPU / compute instances). On a real H100 (driver 580, MIG disabled) ``-lgip``
+and ``-lgipp`` list the profiles although MIG is off, so the plan reads the real profile IDs and placements
+before anything is changed; ``-lgi`` / ``-lci`` then print "No MIG-enabled devices found." (exit 0), which
+reads as "no instances" (recordings: tests/fixtures/nvidia_smi/h100_real).
+Plan per GPU: ``nvidia-smi -i N -mig 1`` if MIG is off, then ``nvidia-smi mig -i N -cgi ID:START,... -C``
+(explicit placements, largest first, so the driver cannot pick a layout that leaves no room for the rest).
+Teardown: ``nvidia-smi mig -i N -dci -gi G`` and ``-dgi -gi G`` for each instance we made, and
+``nvidia-smi -i N -mig 0`` if we turned MIG on. A GPU that already has instances is refused (we never
+destroy someone else's). Each server then runs with ``CUDA_VISIBLE_DEVICES=<MIG UUID>``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from petals_chain.launch import mig_profiles
 from petals_chain.launch.commands import CommandError, run, show
@@ -31,6 +35,8 @@ _LGIP_ROW = re.compile(r"^\|\s+(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)/(\d+)\s+([\d.
 _LGI_ROW = re.compile(r"^\|\s+(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s+\|")
 _LCI_ROW = re.compile(r"^\|\s+(\d+)\s+(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)(?:\s+\d+:\d+)?\s+\|")
 _CREATED_GI = re.compile(r"created GPU instance ID\s+(\d+) on GPU\s+(\d+) using profile MIG (\S+)")
+_LGIPP_ROW = re.compile(r"^GPU\s+(\d+)\s+Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,\s]*)\}:(\d+)\s*$")
+NO_MIG_DEVICES = "No MIG-enabled devices found."  # what ``nvidia-smi mig -lgi/-lci`` print where MIG is off
 
 
 class MigError(RuntimeError):
@@ -46,6 +52,9 @@ class GpuInfo:
     name: str
     memory_mib: float
     mig_mode: str | None
+    # read by probe_gpus from ``nvidia-smi mig -i N -lgip`` / ``-lgipp`` (None: not listed, e.g. older drivers)
+    offered: dict[str, int] | None = field(default=None, compare=False)  # profile name -> profile ID
+    placements: dict[int, tuple[tuple[int, ...], int]] | None = field(default=None, compare=False)  # ID -> starts, size
 
     @property
     def product(self) -> mig_profiles.GpuProduct | None:
@@ -73,6 +82,16 @@ class ProfileRow:
     free: int
     total: int
     memory_gib: float
+
+
+@dataclass(frozen=True)
+class ProfilePlacements:
+    """A line of ``nvidia-smi mig -lgipp``: GPU, profile ID, allowed memory-slice starts, slices taken."""
+
+    gpu: int
+    profile_id: int
+    starts: tuple[int, ...]
+    size: int
 
 
 @dataclass(frozen=True)
@@ -133,6 +152,18 @@ def parse_lgip(text: str) -> list[ProfileRow]:
                        float(m.group(6))) for line in text.splitlines() if (m := _LGIP_ROW.match(line))]
 
 
+def parse_lgipp(text: str) -> list[ProfilePlacements]:
+    """Parse ``nvidia-smi mig -lgipp`` (``GPU  0 Profile ID  9 Placements: {0,4}:4``; one start: ``Placement :``)."""
+    return [ProfilePlacements(int(m.group(1)), int(m.group(2)),
+                              tuple(int(x) for x in m.group(3).replace(" ", "").split(",") if x), int(m.group(4)))
+            for line in text.splitlines() if (m := _LGIPP_ROW.match(line.strip()))]
+
+
+def mig_off(text: str) -> bool:
+    """Whether an ``nvidia-smi mig`` listing says that no GPU has MIG enabled."""
+    return NO_MIG_DEVICES.rstrip(".").lower() in text.lower()
+
+
 def parse_lgi(text: str) -> list[GpuInstance]:
     """Parse ``nvidia-smi mig -lgi`` (an empty list when it says no instances exist)."""
     return [GpuInstance(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)),
@@ -175,14 +206,33 @@ class NvidiaSmi:
 
 
 def probe_gpus(smi: NvidiaSmi) -> tuple[list[GpuInfo], str]:
-    """The GPUs nvidia-smi reports, and why there are none ('' when some were found)."""
+    """The GPUs nvidia-smi reports, and why there are none ('' when some were found).
+
+    For each MIG-capable GPU the profiles it offers and their placements are read too (``nvidia-smi mig -i N
+    -lgip`` / ``-lgipp``, read-only; real drivers list them also while MIG is disabled). Where they are not
+    listed (an older driver, or the listing failed) ``offered`` / ``placements`` stay None and the plan uses
+    the documented profile IDs, re-read after MIG is enabled.
+    """
     if not smi.present:
         return [], "nvidia-smi not found on PATH"
     try:
         gpus = parse_query_gpu(smi(QUERY_ARGS))
     except MigError as err:
         return [], str(err)
-    return gpus, "" if gpus else "nvidia-smi lists no GPUs"
+    return [_with_profiles(g, smi) if g.product else g for g in gpus], "" if gpus else "nvidia-smi lists no GPUs"
+
+
+def _with_profiles(g: GpuInfo, smi: NvidiaSmi) -> GpuInfo:
+    """``g`` with the profile IDs and placements its ``nvidia-smi mig -lgip`` / ``-lgipp`` list (if any)."""
+    i = str(g.index)
+    try:
+        offered = {r.name: r.profile_id for r in parse_lgip(smi(["mig", "-i", i, "-lgip"], check=False))
+                   if r.gpu == g.index}
+        places = {p.profile_id: (p.starts, p.size) for p in parse_lgipp(smi(["mig", "-i", i, "-lgipp"], check=False))
+                  if p.gpu == g.index}
+    except MigError:
+        return g
+    return dataclasses.replace(g, offered=offered or None, placements=places or None)
 
 
 def check_gpus(testbed: Testbed, gpus: list[GpuInfo]) -> list[str]:
@@ -198,6 +248,29 @@ def check_gpus(testbed: Testbed, gpus: list[GpuInfo]) -> list[str]:
                             f"(mig.mode.current is not Enabled/Disabled or the product is unknown)")
         elif g.product.key != req.product:
             problems.append(f"GPU {req.index} is a {g.product.key} ({g.name}); the testbed asks for {req.product}")
+        else:
+            problems += _check_offered(req.index, g, req.profiles)
+    return problems
+
+
+def _check_offered(index: int, g: GpuInfo, profiles: tuple[str, ...]) -> list[str]:
+    """Disagreements between the GPU's own ``-lgip`` / ``-lgipp`` listing and the profile table for ``profiles``."""
+    problems = []
+    if g.offered is not None:
+        missing = [p for p in dict.fromkeys(profiles) if p not in g.offered]
+        if missing:
+            problems.append(f"GPU {index} ({g.name}) does not offer MIG profile(s) {', '.join(missing)} "
+                            f"(nvidia-smi mig -lgip lists {', '.join(g.offered)})")
+    if g.placements is not None and g.product is not None:
+        for name in dict.fromkeys(profiles):
+            prof = g.product.profiles[name]
+            pid = g.offered.get(name, prof.profile_id) if g.offered else prof.profile_id
+            real = g.placements.get(pid)
+            if real is not None and (real[0], real[1]) != (prof.starts, prof.memory_slices):
+                problems.append(f"GPU {index}: nvidia-smi mig -lgipp places profile {name} (ID {pid}) at starts "
+                                f"{set(real[0])} over {real[1]} slices; the table "
+                                f"(petals_chain/launch/mig_profiles.py) says {set(prof.starts)} over "
+                                f"{prof.memory_slices}")
     return problems
 
 
@@ -211,6 +284,7 @@ class GpuPlan:
     starts: tuple[int, ...]
     profile_ids: tuple[int, ...]
     enable_mig: bool
+    ids_read: bool = False  # profile IDs read from the GPU's own ``nvidia-smi mig -lgip`` (else the documented ones)
 
     def create_spec(self) -> str:
         """The ``-cgi`` argument: ``ID:START`` tuples, largest profiles first."""
@@ -272,14 +346,21 @@ def plan_mig(testbed: Testbed, gpus: list[GpuInfo] | None = None) -> MigPlan:
     for req in testbed.gpus:
         prod = mig_profiles.PRODUCTS[req.product]
         enable = True if gpus is None else by_index[req.index].mig_mode != "Enabled"
-        ids = tuple(prod.profiles[p].profile_id for p in req.profiles)
-        plans.append(GpuPlan(req.index, req.product, req.profiles, req.placements, ids, enable))
+        offered = by_index[req.index].offered if gpus is not None else None
+        ids = tuple((offered or {}).get(p, prod.profiles[p].profile_id) for p in req.profiles)
+        plans.append(GpuPlan(req.index, req.product, req.profiles, req.placements, ids, enable, bool(offered)))
     return MigPlan(tuple(plans), gpus is not None)
 
 
 def format_plan(plan: MigPlan) -> str:
     """The MIG plan as shell lines, setup then teardown."""
-    lines = ["MIG setup:"] + [f"  {show(c)}" for c in plan.setup_commands()]
+    lines = []
+    for g in plan.gpus:
+        ids = "read from its nvidia-smi mig -lgip" if g.ids_read else "documented, re-read once MIG is on"
+        state = ("MIG is off: setup enables it (root, no process on the GPU; a driver that reports the mode as "
+                 "pending needs a GPU reset first)" if g.enable_mig else "MIG is on")
+        lines.append(f"GPU {g.index} ({g.product}): {state}; profile IDs {ids}")
+    lines += ["MIG setup:"] + [f"  {show(c)}" for c in plan.setup_commands()]
     lines += ["MIG teardown:"] + [f"  {show(c)}" for c in plan.teardown_commands()]
     return "\n".join(lines)
 
@@ -302,11 +383,17 @@ def apply_gpu(g: GpuPlan, smi: NvidiaSmi, on_enabled: Callable[[], None],
     if existing:
         raise MigError(f"GPU {g.index} already has MIG GPU instance(s) {sorted(x.gi for x in existing)}: "
                        "remove them first (we only destroy instances we created)")
-    offered = {r.name: r.profile_id for r in parse_lgip(smi(["mig", "-i", i, "-lgip"])) if r.gpu == g.index}
+    listing = smi(["mig", "-i", i, "-lgip"])
+    offered = {r.name: r.profile_id for r in parse_lgip(listing) if r.gpu == g.index}
+    if not offered:
+        raise MigError(f"GPU {g.index}: nvidia-smi mig -lgip lists no MIG profiles "
+                       f"({listing.strip() or 'no output'}): MIG is not enabled there (a mode change the driver "
+                       "reports as pending needs a GPU reset first)")
     missing = [p for p in g.profiles if p not in offered]
     if missing:
         raise MigError(f"GPU {g.index} does not offer MIG profile(s) {', '.join(missing)} (nvidia-smi mig -lgip)")
-    real = GpuPlan(g.index, g.product, g.profiles, g.starts, tuple(offered[p] for p in g.profiles), g.enable_mig)
+    real = GpuPlan(g.index, g.product, g.profiles, g.starts, tuple(offered[p] for p in g.profiles), g.enable_mig,
+                   True)
     said = smi(["mig", "-i", i, "-cgi", real.create_spec(), "-C"])
     gis = [gi for gpu, gi, _ in parse_created(said) if gpu == g.index]
     on_created(gis)

@@ -27,7 +27,7 @@ from petals_chain.orchestrator.registry import MAX_MEMORY_BYTES, Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 
 if TYPE_CHECKING:
-    from petals_chain.orchestrator.app import Orchestrator
+    from petals_chain.orchestrator.core import Orchestrator
 
 TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -130,7 +130,7 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
 
 def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
     """The orchestrator the arguments describe (the method's composer and lease manager), planned servers composed."""
-    from petals_chain.orchestrator.app import Orchestrator
+    from petals_chain.orchestrator.core import Orchestrator
 
     method = live_method(args.method, orchestrated=True, field="--method")
     registry, planned = build_registry(args, method)
@@ -157,7 +157,7 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
 
 async def _run(args: argparse.Namespace) -> None:
     """Build the orchestrator, compose for the planned servers, and serve until a signal."""
-    from petals_chain.orchestrator.app import build_app, serve
+    from petals_chain.orchestrator.api import build_app, serve
 
     orch, method = build_orchestrator(args)
     registry = orch.registry

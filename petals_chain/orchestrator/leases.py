@@ -5,6 +5,10 @@ granted until it is released, expires (its client stopped renewing), or is
 replaced after a reported failure. Waiting requests are asyncio futures kept in
 arrival order by the policy's queue; a request whose client gives up is taken
 out of that queue, so no slot is ever handed to nobody and capacity never leaks.
+
+One module although it is long: LeaseManager is one state machine (every method changes the waiting map, the policy
+and the leases together, and WsRrLeaseManager overrides its internals), and the small records around it (Lease,
+LeaseCounters, TimeHistogram, LeaseSnapshot) are made and read through it alone.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from petals_chain.dispatch.base import Start
 from petals_chain.dispatch.jffc import JFFC
-from petals_chain.orchestrator.registry import ChainInfo
+from petals_chain.orchestrator.chains import ChainInfo
 
 # Histogram bucket upper bounds (seconds) for waiting and lease-held times.
 TIME_BUCKETS_S: tuple[float, ...] = (
@@ -45,7 +49,8 @@ class QueueFullError(RuntimeError):
 
 
 class TimeHistogram:
-    """A cumulative histogram of durations in seconds, in the shape Prometheus expects."""
+    """Counts of durations in seconds per bucket (the last one open-ended), with their sum: a Prometheus histogram
+    once :mod:`petals_chain.orchestrator.metrics` makes the counts cumulative."""
 
     def __init__(self, buckets_s: Sequence[float] = TIME_BUCKETS_S) -> None:
         self.buckets_s = tuple(sorted(buckets_s))
@@ -61,15 +66,6 @@ class TimeHistogram:
         self.counts[i] += 1
         self.sum_s += value_s
         self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(le label, cumulative count) pairs, ending with '+Inf'."""
-        out, acc = [], 0
-        for b, n in zip(self.buckets_s, self.counts):
-            acc += n
-            out.append((f"{b:g}", acc))
-        out.append(("+Inf", acc + self.counts[-1]))
-        return out
 
 
 @dataclass

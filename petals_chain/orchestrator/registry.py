@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError, span_json, span_text
@@ -119,7 +119,9 @@ def check_name(value: Any, field_name: str = "name") -> str:
 
 def check_number(value: Any, field_name: str, *, low: float, high: float, allow_low: bool) -> float:
     """A finite real number in (low, high] or [low, high]; the error names the field and the range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    # An int is finite however large (math.isfinite would overflow converting it); the range check below catches it.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                          and not math.isfinite(value)):
         raise RegistryError(f"field '{field_name}' must be a finite number, got {value!r}")
     too_low = value < low if allow_low else value <= low
     if too_low or value > high:
@@ -399,40 +401,3 @@ class Registry:
     def assignments(self) -> dict[str, Assignment | None]:
         """Each server's current assignment."""
         return {name: r.assignment for name, r in self.servers.items()}
-
-
-@dataclass(frozen=True)
-class SpanInfo:
-    """One hop of a chain as PETALS sees it: server name and blocks start:end (0-indexed, end exclusive)."""
-
-    server: str
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class ChainInfo:
-    """A chain of the current composition: its hops, capacity c_k and service time T_k."""
-
-    spans: tuple[SpanInfo, ...]
-    capacity: int
-    service_time_s: float
-    chain_id: str = ""
-    key: tuple[tuple[str, int, int], ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", tuple((s.server, s.start, s.end) for s in self.spans))
-
-    @property
-    def rate_per_s(self) -> float:
-        """μ_k = 1 / T_k."""
-        return 1.0 / self.service_time_s
-
-
-def chain_infos(composition: Composition, version: int) -> list[ChainInfo]:
-    """The composition's chains in its own order (= JFFC chain indices) as named PETALS spans."""
-    out = []
-    for k, ch in enumerate(composition.chains):
-        spans = tuple(SpanInfo(composition.servers[j].name, a, b) for j, a, b in ch.petals_spans())
-        out.append(ChainInfo(spans, ch.capacity, ch.service_time_s, f"v{version}.{k}"))
-    return out

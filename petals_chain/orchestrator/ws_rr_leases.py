@@ -23,7 +23,7 @@ import numpy as np
 
 from petals_chain.model import Composition, InfeasibleError
 from petals_chain.orchestrator.leases import Lease, LeaseManager, LeaseSnapshot, LeaseTimeoutError, QueueFullError
-from petals_chain.orchestrator.registry import ChainInfo, SpanInfo
+from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 
 
 @dataclass

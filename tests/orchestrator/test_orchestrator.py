@@ -21,7 +21,8 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alia
 
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
-from petals_chain.orchestrator.app import Orchestrator, build_app  # noqa: E402
+from petals_chain.orchestrator.api import build_app  # noqa: E402
+from petals_chain.orchestrator.core import Orchestrator  # noqa: E402
 from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError  # noqa: E402
 from petals_chain.orchestrator.registry import Registry  # noqa: E402
 
@@ -398,7 +399,7 @@ def test_a_replacement_lease_keeps_its_place_ahead_of_later_requests() -> None:
     """A lease whose chain broke asks again with its job: the next free slot is its, not the queue head's;
     a job that still holds a lease cannot resume, and the queue limit never refuses a resumed job."""
     from petals_chain.orchestrator.leases import LeaseManager
-    from petals_chain.orchestrator.registry import ChainInfo, SpanInfo
+    from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 
     fast = ChainInfo((SpanInfo("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
     slow = ChainInfo((SpanInfo("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")

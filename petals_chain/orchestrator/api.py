@@ -1,0 +1,278 @@
+"""The orchestrator's HTTP/JSON API over aiohttp: routes, JSON errors, the bearer token, the sweeper, serve().
+
+:func:`build_app` exposes an :class:`~petals_chain.orchestrator.core.Orchestrator`. Request bodies are the pydantic
+models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a JSON error naming the field
+(``{"error": ..., "status": 400, "fields": [...]}``) and never changes state, so a running swarm is unaffected by a
+misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
+(:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
+
+Routes (JSON unless noted; with a token, all but /health need ``Authorization: Bearer T``):
+GET /health · GET /metrics (Prometheus text) · GET /chains · GET /queue · GET /servers ·
+POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
+POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
+POST /servers/{name}/leave {reason?} ·
+POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
+POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
+Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
+410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder
+
+from petals_chain.model import SpecError
+from petals_chain.orchestrator import bodies
+from petals_chain.orchestrator.bodies import BadRequestError
+from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
+from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
+
+log = logging.getLogger(__name__)
+
+ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
+SWEEPER_KEY = web.AppKey("sweeper", asyncio.Task)
+_STATUS_FOR: tuple[tuple[type[BaseException], int], ...] = (
+    (BadRequestError, 400),
+    (UnknownLeaseError, 404),
+    (UnknownServerError, 404),
+    (ClaimError, 409),
+    (ServerDeadError, 410),
+    (SpecError, 400),  # RegistryError is a SpecError
+    (LeaseTimeoutError, 503),
+    (QueueFullError, 503),
+)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    """A JSON response."""
+    return web.json_response(data, status=status)
+
+
+def _error_middleware(orch: Orchestrator) -> Callable:
+    """Turn known exceptions and aiohttp's own errors into JSON ``{"error": ..., "status": ...}``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            status, message, fields = exc.status, exc.reason, []
+        except Exception as exc:  # mapped below; unknown ones are a 500 with the message
+            fields = exc.fields if isinstance(exc, BadRequestError) else []
+            for cls, code in _STATUS_FOR:
+                if isinstance(exc, cls):
+                    status, message = code, str(exc)
+                    break
+            else:
+                log.exception("unhandled error on %s %s", request.method, request.path)
+                status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
+        orch.http_errors[status] = orch.http_errors.get(status, 0) + 1
+        reply: dict[str, Any] = {"error": message, "status": status}
+        if fields:
+            reply["fields"] = fields
+        resp = _json(reply, status)
+        if status == 401:
+            resp.headers["WWW-Authenticate"] = "Bearer"
+        return resp
+
+    return middleware
+
+
+def _auth_middleware(token: str | None) -> Callable:
+    """Require ``Authorization: Bearer <token>`` on every route but /health when a token is set."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        if token is not None and request.path != "/health":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                raise web.HTTPUnauthorized(reason="missing or wrong bearer token")
+        return await handler(request)
+
+    return middleware
+
+
+def _server_reply(orch: Orchestrator, rec: ServerRecord) -> dict[str, Any]:
+    """What register, heartbeat and assignment answer: the record, its assignment, the version."""
+    return {
+        "server": rec.to_json(),
+        "assignment": rec.assignment.to_json() if rec.assignment else None,
+        "version": orch.registry.version,
+    }
+
+
+async def _health(request: web.Request) -> web.Response:
+    """GET /health: liveness and a summary."""
+    return _json(request.app[ORCH_KEY].health())
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text (or OpenMetrics, if the Accept header asks for it)."""
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encode(request.app[ORCH_KEY].metrics), headers={"Content-Type": content_type})
+
+
+async def _chains(request: web.Request) -> web.Response:
+    """GET /chains: offered chains with spans, capacity and occupancy."""
+    orch = request.app[ORCH_KEY]
+    snap = orch.leases.snapshot()
+    chains = [
+        {
+            "chain_id": c.chain_id,
+            "spans": [{"server": s.server, "start": s.start, "end": s.end} for s in c.spans],
+            "capacity": c.capacity,
+            "busy": z,
+            "service_time_s": c.service_time_s,
+        }
+        for c, z in zip(snap.chains, snap.occupancy)
+    ]
+    return _json({"version": snap.version, "chains": chains, "orphaned_leases": snap.orphaned})
+
+
+async def _queue(request: web.Request) -> web.Response:
+    """GET /queue: length and the first 100 waiting requests."""
+    orch = request.app[ORCH_KEY]
+    waiting = orch.leases.queued()
+    head = [{"job": j, "waited_s": w, "client": c} for j, w, c in waiting[:100]]
+    return _json({"length": orch.leases.queue_length(), "head": head})
+
+
+async def _servers(request: web.Request) -> web.Response:
+    """GET /servers: every registry record."""
+    orch = request.app[ORCH_KEY]
+    return _json({"version": orch.registry.version, "servers": [r.to_json() for r in orch.registry.servers.values()]})
+
+
+async def _register(request: web.Request) -> web.Response:
+    """POST /servers/register: add or refresh a server; answers with its assignment."""
+    orch = request.app[ORCH_KEY]
+    rec = await orch.register(await bodies.read(request, bodies.RegisterBody))
+    return _json(_server_reply(orch, rec))
+
+
+async def _heartbeat(request: web.Request) -> web.Response:
+    """POST /servers/heartbeat: liveness, served span, fresh measurements."""
+    orch = request.app[ORCH_KEY]
+    rec = await orch.heartbeat(await bodies.read(request, bodies.HeartbeatBody))
+    return _json(_server_reply(orch, rec))
+
+
+async def _assignment(request: web.Request) -> web.Response:
+    """GET /servers/{name}/assignment: the blocks the server must hold."""
+    orch = request.app[ORCH_KEY]
+    rec = orch.registry.get(check_name(request.match_info["name"]))
+    return _json(_server_reply(orch, rec))
+
+
+async def _leave(request: web.Request) -> web.Response:
+    """POST /servers/{name}/leave: a server shuts down or gives up; its chains stop being offered at once."""
+    orch = request.app[ORCH_KEY]
+    body = await bodies.read(request, bodies.LeaveBody, required=False)
+    rec = orch.registry.get(check_name(request.match_info["name"]))
+    await orch.server_failed(rec.name, f"left: {body.reason}")
+    return _json(_server_reply(orch, rec))
+
+
+async def _lease(request: web.Request) -> web.Response:
+    """POST /lease: long-poll until JFFC grants a chain."""
+    orch = request.app[ORCH_KEY]
+    body = await bodies.read(request, bodies.LeaseBody, required=False)
+    lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client)
+    return _json(orch.lease_json(lease))
+
+
+async def _renew(request: web.Request) -> web.Response:
+    """POST /lease/{id}/renew: extend the TTL."""
+    orch = request.app[ORCH_KEY]
+    body = await bodies.read(request, bodies.RenewBody, required=False)
+    lease = orch.leases.renew(request.match_info["lease_id"], body.ttl_s)
+    return _json(orch.lease_json(lease))
+
+
+async def _release(request: web.Request) -> web.Response:
+    """POST /lease/{id}/release: give the slot back."""
+    orch = request.app[ORCH_KEY]
+    await bodies.read(request, bodies.ReleaseBody, required=False)
+    lease = orch.leases.release(request.match_info["lease_id"])
+    held = orch.clock() - lease.granted_s
+    return _json({"lease_id": lease.lease_id, "released": True, "held_s": held})
+
+
+async def _report_failure(request: web.Request) -> web.Response:
+    """POST /lease/{id}/report-failure: a server broke; answers with a replacement lease."""
+    orch = request.app[ORCH_KEY]
+    body = await bodies.read(request, bodies.ReportFailureBody)
+    lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
+                                      ttl_s=body.ttl_s)
+    return _json(orch.lease_json(lease))
+
+
+def build_app(orch: Orchestrator, *, token: str | None = None, sweep_interval_s: float = 0.5) -> web.Application:
+    """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
+    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)])
+    app[ORCH_KEY] = orch
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/chains", _chains)
+    app.router.add_get("/queue", _queue)
+    app.router.add_get("/servers", _servers)
+    app.router.add_post("/servers/register", _register)
+    app.router.add_post("/servers/heartbeat", _heartbeat)
+    app.router.add_get("/servers/{name}/assignment", _assignment)
+    app.router.add_post("/servers/{name}/leave", _leave)
+    app.router.add_post("/lease", _lease)
+    app.router.add_post("/lease/{lease_id}/renew", _renew)
+    app.router.add_post("/lease/{lease_id}/release", _release)
+    app.router.add_post("/lease/{lease_id}/report-failure", _report_failure)
+
+    async def start_sweeper(app: web.Application) -> None:
+        """Start expiring leases and silent servers."""
+        app[SWEEPER_KEY] = asyncio.create_task(orch.run_sweeper(sweep_interval_s))
+
+    async def stop_sweeper(app: web.Application) -> None:
+        """Stop the sweeper and wake the waiters."""
+        app[SWEEPER_KEY].cancel()
+        orch.leases.fail_waiters()
+
+    app.on_startup.append(start_sweeper)
+    app.on_shutdown.append(stop_sweeper)
+    return app
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    on_ready: Callable[[str, int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the app on host:port (port 0 picks one) until SIGINT/SIGTERM or ``stop`` is set."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    addr = runner.addresses[0]
+    if on_ready is not None:
+        on_ready(addr[0], addr[1])
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()

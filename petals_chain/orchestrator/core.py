@@ -1,0 +1,256 @@
+"""The orchestrator's state machine: the server registry, the composition and the leases kept consistent.
+
+A registration, a heartbeat that moves a server's times, or a failure leads to a recomposition, whose chains the
+lease manager then offers (only those whose servers are alive and, with ``offer_when_serving``, serve their span).
+Every method runs on the event loop; :mod:`petals_chain.orchestrator.api` puts it behind HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from petals_chain.model import Composition, ServerSpec
+from petals_chain.orchestrator.bodies import BadRequestError, HeartbeatBody, RegisterBody
+from petals_chain.orchestrator.chains import ChainInfo, chain_infos
+from petals_chain.orchestrator.leases import Lease, LeaseManager
+from petals_chain.orchestrator.metrics import new_metrics_registry
+from petals_chain.orchestrator.registry import Registry, ServerRecord
+
+log = logging.getLogger(__name__)
+
+
+class Orchestrator:
+    """Registry, composition and leases kept consistent; every method is called on the event loop."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        lease_ttl_s: float = 60.0,
+        heartbeat_timeout_s: float | None = 30.0,
+        max_waiting: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        pinned: Mapping[str, ServerSpec] | None = None,
+        offer_when_serving: bool = False,
+        lease_manager: Callable[..., LeaseManager] = LeaseManager,
+    ) -> None:
+        self.registry = registry
+        # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
+        # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).
+        self.pinned: dict[str, ServerSpec] = dict(pinned or {})
+        # Offer a chain only once every server on it reports (by heartbeat) that it serves its span: a lease is
+        # never granted on a server still loading its blocks, or one planned from a cluster file but not up yet.
+        self.offer_when_serving = offer_when_serving
+        self._composed: list[ChainInfo] = []  # every chain of the current composition
+        self._offered: tuple[tuple[tuple[str, int, int], ...], ...] | None = None  # keys offered now
+        # JFFC over fixed chains by default; ``lease_manager`` (same keywords) may route otherwise, e.g. WS-RR.
+        self.leases = lease_manager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.clock = clock
+        self.started_s = clock()
+        self.recompositions = 0
+        self.http_errors: dict[int, int] = {}
+        self._lock = asyncio.Lock()
+        self._applied_generation = -1
+        self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
+        # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
+        # renders it; the collector reads the state above at every scrape.
+        self.metrics: CollectorRegistry = new_metrics_registry(self)
+
+    # ---- composition ----------------------------------------------------------------------------
+
+    def install(self, composition: Composition | None, error: str | None = None) -> int:
+        """Make ``composition`` current (registry assignments + offered chains); return its version."""
+        version = self.registry.apply(composition, error)
+        self._composed = chain_infos(composition, version) if composition is not None else []
+        self._offer(force=True)
+        hook = getattr(self.leases, "set_composition", None)  # a lease manager that routes over the placement
+        if hook is not None:
+            hook(composition, version)
+        self.recompositions += 1
+        return version
+
+    def recompose_now(self) -> int:
+        """Recompose synchronously (startup, tests): compute for the live servers and install."""
+        gen, specs = self.registry.snapshot()
+        comp, err = self.registry.try_compute(specs)
+        self._applied_generation = gen
+        return self.install(comp, err)
+
+    async def recompose(self) -> None:
+        """Recompose off the event loop until the composition reflects the latest registry state.
+
+        Concurrent callers share the work; a result computed from a registry that changed
+        meanwhile is thrown away and recomputed, so a dead server is never put back.
+        """
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            while self._applied_generation < self.registry.generation:
+                gen, specs = self.registry.snapshot()
+                comp, err = await loop.run_in_executor(None, self.registry.try_compute, specs)
+                if self.registry.generation != gen:
+                    continue
+                self._applied_generation = gen
+                self.install(comp, err)
+
+    def _ready(self, chain: ChainInfo) -> bool:
+        """Every server of the chain is alive (and, with offer_when_serving, serves its span there)."""
+        for span in chain.spans:
+            rec = self.registry.servers.get(span.server)
+            if rec is None or not rec.alive:
+                return False
+            if self.offer_when_serving and not (
+                rec.serving is not None and rec.serving[0] <= span.start and span.end <= rec.serving[1]
+            ):
+                return False
+        return True
+
+    def _offer(self, *, force: bool = False) -> None:
+        """Offer the composed chains that are ready now; leases on a withdrawn chain keep their slot accounting
+        and take it up again when the chain comes back (the lease manager matches chains by servers and spans)."""
+        ready = [c for c in self._composed if self._ready(c)]
+        keys = tuple(c.key for c in ready)
+        if force or keys != self._offered:
+            self._offered = keys
+            self.leases.set_chains(ready or None, self.registry.version)
+
+    @property
+    def composed(self) -> list[ChainInfo]:
+        """Every chain of the current composition, in its own order (offered or not)."""
+        return list(self._composed)
+
+    # ---- servers --------------------------------------------------------------------------------
+
+    async def register(self, body: RegisterBody) -> ServerRecord:
+        """Register or refresh a server; recompose if the live set or its figures changed."""
+        spec = self.pinned.get(body.name)
+        tau_p, tau_c, memory = body.tau_p_s, body.tau_c_s, body.memory_bytes
+        if spec is not None:
+            tau_p, tau_c = spec.tau_p_s, spec.tau_c_s
+            if math.isclose(memory, spec.memory_bytes, rel_tol=1e-6):
+                memory = spec.memory_bytes  # the same budget, rounded on the way: keep the plan's exact figure
+        rec, changed = self.registry.register(
+            body.name,
+            memory,
+            tau_p,
+            tau_c,
+            now_s=self.clock(),
+            peer_id=body.peer_id,
+            address=body.address,
+        )
+        if changed:
+            await self.recompose()
+        else:
+            self._offer()  # a (re)starting server serves nothing yet: its chains wait for its heartbeat
+        return rec
+
+    async def heartbeat(self, body: HeartbeatBody) -> ServerRecord:
+        """A server is alive and serves ``serving``; recompose if its measured times moved a lot (unless pinned)."""
+        rec, changed = self.registry.heartbeat(
+            body.name,
+            now_s=self.clock(),
+            serving=body.serving.model_dump() if body.serving is not None else None,
+            tau_p_s=body.tau_p_s,
+            tau_c_s=body.tau_c_s,
+            keep_times=body.name in self.pinned,  # its own figures are checked, the pinned ones kept
+        )
+        if changed:
+            await self.recompose()
+        else:
+            self._offer()  # it may have finished (or started) loading its span
+        return rec
+
+    async def server_failed(self, name: str, reason: str) -> None:
+        """Mark a server dead, stop offering its chains, and recompose without it."""
+        if self.registry.mark_dead(name, reason):
+            self._offer()  # stop offering its chains at once, before the recomposition lands
+            await self.recompose()
+
+    # ---- leases ---------------------------------------------------------------------------------
+
+    async def report_failure(
+        self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None
+    ) -> Lease:
+        """A client's chain broke at ``server``: mark it dead, recompose, and lease a replacement chain; the
+        request keeps its place in line (ahead of every request that arrived after it)."""
+        lease = self.leases.get(lease_id)
+        if server not in {s.server for s in lease.chain.spans}:
+            on_chain = [s.server for s in lease.chain.spans]
+            raise BadRequestError(f"field 'server' = {server!r} is not on lease {lease_id!r}'s chain {on_chain}")
+        await self.server_failed(server, f"failure reported by lease {lease_id}")
+        if self.leases.has(lease_id):  # it may have expired while we recomposed
+            self.leases.release(lease_id, failed=True)
+        return await self.leases.acquire(timeout_s=timeout_s, ttl_s=ttl_s or lease.ttl_s, client=lease.client,
+                                         replaces=lease_id, resume_job=lease.job)  # keeps its place in line
+
+    def lease_json(self, lease: Lease) -> dict[str, Any]:
+        """A lease as the API returns it: ids, version, timing and spans with peer ids."""
+        out = self.leases.describe(lease)
+        out["spans"] = [
+            {
+                "server": s.server,
+                "peer_id": self.registry.peer_id(s.server),
+                "address": (self.registry.servers[s.server].address if s.server in self.registry.servers else None),
+                "start": s.start,
+                "end": s.end,
+            }
+            for s in lease.chain.spans
+        ]
+        return out
+
+    # ---- housekeeping ---------------------------------------------------------------------------
+
+    async def sweep(self) -> None:
+        """Expire leases nobody renews and servers nobody hears from."""
+        self.leases.expire_due()
+        if self.heartbeat_timeout_s is not None:
+            gone = self.registry.expire(self.clock(), self.heartbeat_timeout_s)
+            if gone:
+                log.warning("servers without heartbeat marked dead: %s", gone)
+                self._offer()  # stop offering their chains at once, before the recomposition lands
+                await self.recompose()
+
+    async def run_sweeper(self, interval_s: float = 0.5) -> None:
+        """Call sweep() every interval_s (or sooner, when a lease is due) until cancelled."""
+        while True:
+            wait = min(interval_s, max(0.01, self.leases.next_expiry_in_s()))
+            await asyncio.sleep(wait)
+            try:
+                await self.sweep()
+            except Exception:  # the sweeper must survive anything and keep freeing capacity
+                log.exception("sweep failed")
+
+    def health(self) -> dict[str, Any]:
+        """Liveness plus a one-glance summary of the composition and the load."""
+        snap = self.leases.snapshot()
+        return {
+            "status": "ok",
+            "version": self.registry.version,
+            "composition": self.registry.composition is not None,
+            "composition_error": self.registry.error,
+            "c": self.registry.composition.c if self.registry.composition is not None else None,
+            "servers_registered": len(self.registry.servers),
+            "servers_alive": len(self.registry.alive()),
+            "chains": len(snap.capacities),
+            "chains_composed": len(self._composed),  # more than "chains" while some servers still load
+            "capacity": sum(snap.capacities),
+            "free": self.leases.free_capacity(),
+            "queue_length": snap.queue_length,
+            "active_leases": snap.active,
+            "orphaned_leases": snap.orphaned,
+            "uptime_s": self.clock() - self.started_s,
+            "model": {
+                "name": self.registry.model.name,
+                "num_blocks": self.registry.model.num_blocks,
+                "block_bytes": self.registry.model.block_bytes,
+                "cache_bytes": self.registry.model.cache_bytes,
+            },
+            "dht": self.dht_info,
+        }
