@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "AutoDistributedModelForCausalLM": "petals_chain.client.session",
-    "use_orchestrator": "petals_chain.client.session",
+    "AutoDistributedModelForCausalLM": "petals_chain.client.model",
+    "use_orchestrator": "petals_chain.client.model",
 }
 
 

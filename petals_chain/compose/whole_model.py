@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from petals_chain.compose.capacity import safe_floor
+from petals_chain.compose.capacity import floor_ratio
 from petals_chain.model import Chain, Composition, InfeasibleError, ModelSpec, Placement, ServerSpec, validate_servers
 
 
@@ -14,7 +14,7 @@ def whole_model_composition(servers: Sequence[ServerSpec], model: ModelSpec) -> 
     L = model.num_blocks
     first, count, chains = [], [], []
     for j, s in enumerate(servers):
-        cap = safe_floor((s.memory_bytes - L * model.block_bytes) / (L * model.cache_bytes))
+        cap = floor_ratio(s.memory_bytes - L * model.block_bytes, L * model.cache_bytes)
         if cap >= 1:
             first.append(1)
             count.append(L)

@@ -104,7 +104,7 @@ class LeasingClient:
     """The orchestrated client: every session leases a chain (JFFC or WS-RR) before it starts."""
 
     def __init__(self, setup: ModelSetup, url: str, lease_timeout_s: float = 3600.0) -> None:
-        from petals_chain.client.session import AutoDistributedModelForCausalLM
+        from petals_chain.client.model import AutoDistributedModelForCausalLM
 
         self.setup = setup
         self.model = AutoDistributedModelForCausalLM.from_pretrained(

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from petals_chain.model import SpecError, span_text
-from petals_chain.client.session import close_client
+from petals_chain.client.model import close_client
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 
 REPO = Path(__file__).resolve().parents[2]

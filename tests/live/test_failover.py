@@ -377,7 +377,7 @@ def test_failover_patch_is_installed_and_applies_after_0001(site_copy: Path) -> 
 def test_bad_failover_options_are_clear_errors() -> None:
     """LeaseOptions names the bad failover field."""
     from petals_chain.model import SpecError
-    from petals_chain.client.session import LeaseOptions
+    from petals_chain.client.lease import LeaseOptions
 
     with pytest.raises(SpecError, match="'max_failovers' must be an integer >= 0"):
         LeaseOptions(max_failovers=-1)

@@ -1,0 +1,124 @@
+"""The client-side model that leases: ``AutoDistributedModelForCausalLM.from_pretrained(DIR, orchestrator=URL)``
+loads a petals model and swaps in leasing subclasses at petals' plug-in points (``use_orchestrator``).
+
+``OrchestratedRemoteSequential.inference_session`` opens a ``LeasedInferenceSession`` (client/session.py) whose
+``OrchestratedSequenceManager`` (client/sequence_manager.py) routes along the lease's chain, which JFFC chose.
+``model.generate()`` and ``model.inference_session()`` are unchanged for the user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from petals.client.remote_sequential import RemoteSequential
+
+from petals_chain.client.lease import LeaseOptions
+from petals_chain.client.sequence_manager import OrchestratedSequenceManager
+from petals_chain.client.session import LeasedInferenceSession
+from petals_chain.model import SpecError
+from petals_chain.orchestrator.blocking import BlockingOrchestrator
+
+
+class OrchestratedRemoteSequential(RemoteSequential):
+    """petals' RemoteSequential whose inference sessions lease a chain from the orchestrator."""
+
+    sequence_manager: OrchestratedSequenceManager
+
+    @contextlib.contextmanager
+    def inference_session(self, **kwargs: Any):
+        """Like petals' inference_session(max_length=...), but the session holds a lease while open."""
+        with LeasedInferenceSession(self.sequence_manager, **kwargs) as session, self.use_session(session):
+            yield session
+
+    def open_session(self, max_length: int) -> LeasedInferenceSession:
+        """A session already holding its lease but not made active: pass it to ``generate(session=...)`` and
+        ``close()`` it in any order (for many concurrent sessions in one thread)."""
+        return LeasedInferenceSession(self.sequence_manager, max_length=max_length).__enter__()
+
+    def __getitem__(self, ix: int | slice) -> OrchestratedRemoteSequential:
+        """A sub-sequence of blocks whose sessions still lease."""
+        return OrchestratedRemoteSequential(self.config, sequence_manager=self.sequence_manager[ix])
+
+
+def use_orchestrator(model: Any, orchestrator: BlockingOrchestrator, options: LeaseOptions | None = None) -> Any:
+    """Make a loaded petals model lease every inference session from ``orchestrator``; returns the model."""
+    transformer = model.transformer if hasattr(model, "transformer") else model
+    for attr, child in list(transformer.named_children()):
+        if isinstance(child, RemoteSequential):
+            manager = OrchestratedSequenceManager.replacing(child.sequence_manager, orchestrator, options)
+            setattr(transformer, attr, OrchestratedRemoteSequential(child.config, sequence_manager=manager))
+            model.orchestrator = orchestrator
+            return model
+    raise TypeError(f"{type(model).__name__} has no petals RemoteSequential to route through the orchestrator")
+
+
+def close_client(model: Any) -> None:
+    """Release what a leasing model holds: its orchestrator connection, its p2p client and its DHT node
+    (closing them here avoids hivemind's 'no current event loop' noise at interpreter exit)."""
+    from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
+
+    orch = getattr(model, "orchestrator", None)
+    if orch is not None:
+        orch.close()
+    transformer = model.transformer if hasattr(model, "transformer") else model
+    for child in transformer.children():
+        if isinstance(child, RemoteSequential):
+            manager = child.sequence_manager
+            manager.shutdown()
+            p2p = manager.state.p2p
+            if p2p is not None:
+                with contextlib.suppress(Exception):
+                    RemoteExpertWorker.run_coroutine(p2p.shutdown())
+            with contextlib.suppress(Exception):
+                manager.dht.shutdown()
+
+
+class AutoDistributedModelForCausalLM:
+    """petals' AutoDistributedModelForCausalLM, plus ``orchestrator=URL``: sessions lease chains via JFFC."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_name_or_path: str,
+        *args: Any,
+        orchestrator: str | None = None,
+        orchestrator_token: str | None = None,
+        lease_timeout_s: float = 600.0,
+        lease_ttl_s: float = 60.0,
+        client_label: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Load the client-side model; with ``orchestrator``, the DHT and prefix default to the orchestrator's."""
+        from pathlib import Path
+
+        import petals
+
+        if orchestrator is None:
+            return petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
+        if isinstance(model_name_or_path, (str, Path)) and (
+            str(model_name_or_path).startswith((".", "/", "~")) or Path(model_name_or_path).exists()
+        ):
+            from petals_chain.checkpoint.sizing import check_model_dir
+
+            check_model_dir(Path(model_name_or_path).expanduser())
+        options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
+        orch = BlockingOrchestrator(orchestrator, token=orchestrator_token)
+        try:
+            health = orch.run(lambda c: c.health(), timeout_s=30.0)
+            dht = health.get("dht") or {}
+            if "initial_peers" not in kwargs:
+                if not dht.get("initial_peers"):
+                    raise SpecError(f"the orchestrator at {orchestrator} runs no DHT; pass initial_peers=[...]")
+                kwargs["initial_peers"] = dht["initial_peers"]
+            if "dht_prefix" not in kwargs and dht.get("dht_prefix"):
+                kwargs["dht_prefix"] = dht["dht_prefix"]
+            model = petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
+            expected = (health.get("model") or {}).get("num_blocks")
+            if expected is not None and model.config.num_hidden_layers != expected:
+                raise SpecError(f"{model_name_or_path} has {model.config.num_hidden_layers} blocks but the "
+                                f"orchestrator composes for {expected}")
+            return use_orchestrator(model, orch, options)
+        except BaseException:
+            orch.close()
+            raise
