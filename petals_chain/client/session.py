@@ -43,6 +43,7 @@ from petals.client.remote_sequential import RemoteSequential
 from petals.client.routing.sequence_manager import RemoteSequenceManager
 from petals.utils.misc import is_dummy
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
@@ -158,7 +159,7 @@ class LeaseKeeper:
         self._renewer.cancel()
 
         try:
-            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=30.0)
+            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
         except OrchestratorError as exc:
             if exc.status != 404:  # 404: expired or already released
                 log.warning("releasing lease %s: %s", self.info.lease_id, exc.message)
@@ -171,8 +172,8 @@ class LeaseKeeper:
 class LeaseOptions:
     """How sessions lease: wait at most timeout_s in the queue, TTL of a lease, a label for the orchestrator."""
 
-    timeout_s: float = 600.0
-    ttl_s: float = 60.0
+    timeout_s: float = defaults.LEASE_WAIT_S
+    ttl_s: float = defaults.LEASE_TTL_S
     client: str | None = None
     records: list[SessionRecord] = field(default_factory=list)
     keep_records: int = 10_000
@@ -444,7 +445,7 @@ class LeasedInferenceSession(InferenceSession):
     def _server_record(self, name: str) -> dict[str, Any] | None:
         """The orchestrator's record of server ``name`` (None if unknown or the orchestrator cannot answer)."""
         try:
-            servers = self._base_manager.orchestrator.run(lambda c: c.servers(), timeout_s=30.0)
+            servers = self._base_manager.orchestrator.run(lambda c: c.servers(), timeout_s=defaults.CALL_TIMEOUT_S)
         except Exception as exc:  # cannot ask: the caller falls back to reporting
             log.warning("GET /servers failed: %s", exc)
             return None
@@ -565,7 +566,7 @@ class OrchestratedRemoteSequential(RemoteSequential):
 def orchestrator_health(orch: BlockingOrchestrator) -> dict[str, Any]:
     """GET /health of the orchestrator."""
 
-    return orch.run(lambda c: c.health(), timeout_s=30.0)
+    return orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
 
 
 def use_orchestrator(model: Any, orchestrator: BlockingOrchestrator, options: LeaseOptions | None = None) -> Any:
@@ -612,8 +613,8 @@ class AutoDistributedModelForCausalLM:
         *args: Any,
         orchestrator: str | None = None,
         orchestrator_token: str | None = None,
-        lease_timeout_s: float = 600.0,
-        lease_ttl_s: float = 60.0,
+        lease_timeout_s: float = defaults.LEASE_WAIT_S,
+        lease_ttl_s: float = defaults.LEASE_TTL_S,
         client_label: str | None = None,
         **kwargs: Any,
     ) -> Any:

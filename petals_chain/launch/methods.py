@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import blocks_array
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
 from petals_chain.launch import state
@@ -426,7 +427,7 @@ class LeasingClient:
 
         self.setup = setup
         self.model = AutoDistributedModelForCausalLM.from_pretrained(
-            str(setup.model_dir), orchestrator=url, lease_timeout_s=lease_timeout_s, lease_ttl_s=60.0,
+            str(setup.model_dir), orchestrator=url, lease_timeout_s=lease_timeout_s, lease_ttl_s=defaults.LEASE_TTL_S,
             show_route=False)
 
     def serve(self, prompt: Any, new_tokens: int) -> RequestTiming:
@@ -510,7 +511,7 @@ class MethodInfo:
 
 
 def plan_method(method: str, servers: Sequence[FittedServer], model: ModelSpec, arrival_rate: float,
-                target_load: float = 0.7) -> Composition | None:
+                target_load: float = defaults.TARGET_LOAD) -> Composition | None:
     """The composition an orchestrated method will use (None for PETALS); InfeasibleError if it cannot serve."""
     specs = [s.spec for s in servers]
     if method == "petals":
@@ -519,7 +520,7 @@ def plan_method(method: str, servers: Sequence[FittedServer], model: ModelSpec, 
 
 
 def compose_for(method: str, specs: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition:
+                target_load: float = defaults.TARGET_LOAD, c: int | None = None, tune: str = "lower") -> Composition:
     """The composition pipeline of an orchestrated method (the registry's compose_fn)."""
     if method == "proposed":
         from petals_chain.compose.tuning import compose
@@ -541,7 +542,8 @@ class LiveMethod:
     """One method brought up on a launched testbed: servers (+ orchestrator or DHT) and its client."""
 
     def __init__(self, method: str, swarm: TestbedSwarm, servers: Sequence[FittedServer], *, arrival_rate: float,
-                 target_load: float = 0.7, job: tuple[int, int] = (64, 24), ready_timeout_s: float = 300.0) -> None:
+                 target_load: float = defaults.TARGET_LOAD, job: tuple[int, int] = (64, 24),
+                 ready_timeout_s: float = 300.0) -> None:
         if method not in METHODS:
             raise SpecError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         self.method = method
@@ -733,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     o.add_argument("--model-name", required=True)
     o.add_argument("--host", default="127.0.0.1")
     o.add_argument("--port", type=int, default=0)
-    o.add_argument("--lease-ttl-s", type=float, default=60.0)
+    o.add_argument("--lease-ttl-s", type=float, default=defaults.LEASE_TTL_S)
     o.add_argument("--heartbeat-timeout-s", type=float, default=60.0)
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

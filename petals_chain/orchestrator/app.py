@@ -30,6 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
+from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.leases import (
     Lease,
@@ -52,7 +53,7 @@ from petals_chain.orchestrator.registry import (
 
 log = logging.getLogger("petals_chain.orchestrator")
 
-DEFAULT_WAIT_S = 600.0
+DEFAULT_WAIT_S = defaults.LEASE_WAIT_S
 MAX_WAIT_S = 24 * 3600.0
 MAX_TTL_S = 24 * 3600.0
 
@@ -68,9 +69,9 @@ class Orchestrator:
         self,
         registry: Registry,
         *,
-        lease_ttl_s: float = 60.0,
-        heartbeat_timeout_s: float | None = 30.0,
-        max_waiting: int = 100_000,
+        lease_ttl_s: float = defaults.LEASE_TTL_S,
+        heartbeat_timeout_s: float | None = defaults.HEARTBEAT_TIMEOUT_S,
+        max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
         pinned: Mapping[str, ServerSpec] | None = None,
         offer_when_serving: bool = False,
@@ -242,7 +243,7 @@ class Orchestrator:
                 self._offer()  # stop offering their chains at once, before the recomposition lands
                 await self.recompose()
 
-    async def run_sweeper(self, interval_s: float = 0.5) -> None:
+    async def run_sweeper(self, interval_s: float = defaults.SWEEP_INTERVAL_S) -> None:
         """Call sweep() every interval_s (or sooner, when a lease is due) until cancelled."""
         while True:
             wait = min(interval_s, max(0.01, self.leases.next_expiry_in_s()))
@@ -573,7 +574,8 @@ async def _report_failure(request: web.Request) -> web.Response:
     return _json(orch.lease_json(lease))
 
 
-def build_app(orch: Orchestrator, *, token: str | None = None, sweep_interval_s: float = 0.5) -> web.Application:
+def build_app(orch: Orchestrator, *, token: str | None = None,
+              sweep_interval_s: float = defaults.SWEEP_INTERVAL_S) -> web.Application:
     """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
     app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)])
     app[ORCH_KEY] = orch

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.compose.bprr import bprr_concurrency, cg_bp
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS, petals_placement
@@ -67,7 +68,7 @@ def petals_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: Pla
 
 
 def build_system(method: str, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                 target_load: float = 0.7, *, petals_cache: str = "attn") -> System:
+                 target_load: float = defaults.TARGET_LOAD, *, petals_cache: str = "attn") -> System:
     """Place blocks (and compose chains, or prepare routing) the way ``method`` does."""
     _check(method, arrival_rate, target_load)
     servers = validate_servers(servers)
@@ -102,41 +103,41 @@ def simulate_system(system: System, workload: Workload, warmup_jobs: int = 0) ->
 
 
 def run_method(method: str, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-               workload: Workload, *, warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+               workload: Workload, *, warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """Build ``method`` for these servers and simulate it on ``workload``."""
     return simulate_system(build_system(method, servers, model, arrival_rate, target_load), workload, warmup_jobs)
 
 
 def proposed(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
-             warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+             warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """GBP-CR(c*) + GCA + JFFC, c* by the Theorem 3.7 lower bound."""
     return run_method("proposed", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
 
 
 def jffc_only(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
-              warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+              warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """Whole-model one-server chains + JFFC (InfeasibleError if no server fits the model)."""
     return run_method("jffc_only", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
 
 
 def petals(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
-           warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+           warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """PETALS placement + min-latency routing with alloc penalty and backoff retries."""
     return run_method("petals", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
 
 
 def bprr(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
-         warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+         warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """BPRR: CG-BP(R) placement + WS-RR routing with mean-size wait estimates."""
     return run_method("bprr", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
 
 
 def bprr_oracle(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float, workload: Workload, *,
-                warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+                warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """BPRR with WS-RR told every job's exact size (an optimistic bound on BPRR)."""
     return run_method("bprr_oracle", servers, model, arrival_rate, workload, warmup_jobs=warmup_jobs,
                       target_load=target_load)
