@@ -50,11 +50,9 @@ def parse_integer(value: Any) -> int:
 
 
 Text = Annotated[StrictStr, Field(min_length=1)]
-Number = Annotated[float, BeforeValidator(parse_number)]
 NonNegativeNumber = Annotated[float, BeforeValidator(parse_number), Field(ge=0)]
 PositiveNumber = Annotated[float, BeforeValidator(parse_number), Field(gt=0)]
 Fraction = Annotated[float, BeforeValidator(parse_number), Field(gt=0, lt=1)]
-Integer = Annotated[int, BeforeValidator(parse_integer)]
 PositiveInteger = Annotated[int, BeforeValidator(parse_integer), Field(ge=1)]
 Size = Annotated[float, BeforeValidator(parse_size), Field(gt=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
