@@ -22,14 +22,14 @@ OUT = Path(__file__).resolve().parent / "clusters"
 
 def _servers(kinds: list[str], seed: int) -> list[dict]:
     topo = draw_topology(len(kinds), np.random.default_rng(seed))
-    return [{"name": f"s{j}", "device": kind, "rtt_ms": round(float(rtt) * 1e3, 3)}
+    return [{"name": f"s{j}", "device": kind, "rtt": f"{round(float(rtt) * 1e3, 3)} ms"}
             for j, (kind, rtt) in enumerate(zip(kinds, topo.server_rtt_s))]
 
 
 def paper_default(seed: int = 2024) -> dict:
     kinds = ["a100-3g.40gb"] * 4 + ["a100-2g.20gb"] * 16  # η = 0.2 of J = 20
     return {
-        "model": {"name": "bloom-176b", "blocks": 70, "block_gb": 1.32, "cache_gb": 0.11},
+        "model": {"name": "bloom-176b", "blocks": 70, "block_size": "1.32 GB", "cache_size": "0.11 GB"},
         "load": {"arrival_rate": 0.2, "target_load": 0.7},
         "workload": {"input_tokens": 2000, "output_tokens": 20, "gflops_per_block_token": 5.0},
         "servers": _servers(kinds, seed),
@@ -41,7 +41,7 @@ def llama2_7b_testbed(seed: int = 7) -> dict:
     # KV cache per block per job: 2 (K, V) · 4096 · 4096 tokens · 2 bytes = 0.0671 GB.
     kinds = ["a100-3g.40gb"] * 3 + ["a100-2g.20gb"] * 6
     return {
-        "model": {"name": "llama-2-7b", "blocks": 32, "block_gb": 0.405, "cache_gb": 0.0671},
+        "model": {"name": "llama-2-7b", "blocks": 32, "block_size": "0.405 GB", "cache_size": "0.0671 GB"},
         "load": {"arrival_rate": 2.57, "target_load": 0.7},
         "workload": {"input_tokens": 2048, "output_tokens": 28, "gflops_per_block_token": 0.405},
         "servers": _servers(kinds, seed),

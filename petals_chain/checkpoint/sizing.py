@@ -13,12 +13,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import slots_left
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.units import UnitError, parse_size
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MIN_PLAUSIBLE_BUDGET_BYTES = 1e6  # under 1 MB is a typo (missing unit), not a server
-MAX_PLAUSIBLE_BUDGET_BYTES = 1e15  # same limit the orchestrator's registry applies
+MAX_PLAUSIBLE_BUDGET_BYTES = defaults.MAX_MEMORY_BYTES  # the same limit the orchestrator's registry applies
 
 
 class ModelDirError(SpecError):
@@ -82,13 +84,11 @@ def check_max_length(max_length: int) -> int:
 
 
 def parse_budget(text: str) -> float:
-    """'20GB', '512MB', '1.5GiB' or plain bytes → bytes; SpecError on nonsense or an absurd size."""
-    from humanfriendly import InvalidSize, parse_size
-
+    """'20GB', '512MB', '1.5GiB' or plain bytes → bytes (petals_chain.units); SpecError on nonsense or absurd sizes."""
     try:
-        value = float(parse_size(str(text)))
-    except (InvalidSize, ValueError):
-        raise SpecError(f"--memory-budget {text!r} is not a size (examples: 20GB, 512MB, 1.5GiB)") from None
+        value = parse_size(text)
+    except UnitError as exc:
+        raise SpecError(f"--memory-budget {text!r} is not a size (examples: 20GB, 512MB, 1.5GiB): {exc}") from None
     if not math.isfinite(value) or value < MIN_PLAUSIBLE_BUDGET_BYTES:
         raise SpecError(f"--memory-budget {text!r} = {value:g} bytes is absurdly small (did you forget the unit?)")
     if value > MAX_PLAUSIBLE_BUDGET_BYTES:
@@ -107,7 +107,7 @@ def load_config(model_dir: str | Path):
         raise ModelDirError(f"model directory {str(path)!r}: {exc}") from None
 
 
-def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int = 2048) -> BlockSizes:
+def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int = defaults.MAX_LENGTH) -> BlockSizes:
     """s_m and s_c of a checkpoint: parameters of one block (counted on empty weights) and PETALS' cache formula."""
     from accelerate import init_empty_weights
 
@@ -124,7 +124,11 @@ def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int =
 
 
 def measure_tau_p(
-    model_dir: str | Path, dtype: str = "float32", input_tokens: int = 64, output_tokens: int = 16, repeats: int = 3
+    model_dir: str | Path,
+    dtype: str = "float32",
+    input_tokens: int = defaults.JOB_INPUT_TOKENS,
+    output_tokens: int = defaults.JOB_OUTPUT_TOKENS,
+    repeats: int = 3,
 ) -> float:
     """Measured τp: seconds one block of this checkpoint takes for one job (prefill + decode steps), median of repeats.
 

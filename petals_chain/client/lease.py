@@ -8,6 +8,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
@@ -19,8 +20,8 @@ log = logging.getLogger(__name__)
 class LeaseOptions:
     """How sessions lease: wait at most timeout_s in the queue, TTL of a lease, a label for the orchestrator."""
 
-    timeout_s: float = 600.0
-    ttl_s: float = 60.0
+    timeout_s: float = defaults.LEASE_WAIT_S
+    ttl_s: float = defaults.LEASE_TTL_S
     client: str | None = None
     max_failovers: int = 8  # per step: more failed chains than this and the step raises FailoverError
     reload_wait_s: float = 120.0  # how long a session waits for a server of its chain to finish loading its span
@@ -73,7 +74,7 @@ class LeaseKeeper:
         self._renewer.cancel()
 
         try:
-            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=30.0)
+            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
         except OrchestratorError as exc:
             if exc.status != 404:  # 404: expired or already released
                 log.warning("releasing lease %s: %s", self.info.lease_id, exc.message)

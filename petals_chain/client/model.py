@@ -13,6 +13,7 @@ from typing import Any
 
 from petals.client.remote_sequential import RemoteSequential
 
+from petals_chain import defaults
 from petals_chain.client.lease import LeaseOptions
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
@@ -84,8 +85,8 @@ class AutoDistributedModelForCausalLM:
         *args: Any,
         orchestrator: str | None = None,
         orchestrator_token: str | None = None,
-        lease_timeout_s: float = 600.0,
-        lease_ttl_s: float = 60.0,
+        lease_timeout_s: float = defaults.LEASE_WAIT_S,
+        lease_ttl_s: float = defaults.LEASE_TTL_S,
         client_label: str | None = None,
         **kwargs: Any,
     ) -> Any:
@@ -105,7 +106,7 @@ class AutoDistributedModelForCausalLM:
         options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
         orch = BlockingOrchestrator(orchestrator, token=orchestrator_token)
         try:
-            health = orch.run(lambda c: c.health(), timeout_s=30.0)
+            health = orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
             dht = health.get("dht") or {}
             if "initial_peers" not in kwargs:
                 if not dht.get("initial_peers"):

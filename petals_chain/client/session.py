@@ -24,6 +24,7 @@ from hivemind.p2p import P2PHandlerError
 from petals.client.inference_session import InferenceSession
 from petals.utils.misc import is_dummy
 
+from petals_chain import defaults
 from petals_chain.client.lease import LeaseKeeper
 from petals_chain.client.records import FailoverRecord, SessionRecord
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
@@ -169,7 +170,7 @@ class LeasedInferenceSession(InferenceSession):
     def _server_record(self, name: str) -> dict[str, Any] | None:
         """The orchestrator's record of server ``name`` (None if unknown or the orchestrator cannot answer)."""
         try:
-            servers = self._base_manager.orchestrator.run(lambda c: c.servers(), timeout_s=30.0)
+            servers = self._base_manager.orchestrator.run(lambda c: c.servers(), timeout_s=defaults.CALL_TIMEOUT_S)
         except Exception as exc:  # cannot ask: the caller falls back to reporting
             log.warning("GET /servers failed: %s", exc)
             return None

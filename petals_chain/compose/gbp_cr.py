@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import blocks_array
 from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError
 
@@ -26,7 +27,7 @@ def gbp_cr_detail(
     model: ModelSpec,
     c: int,
     arrival_rate: float,
-    target_load: float = 0.7,
+    target_load: float = defaults.TARGET_LOAD,
 ) -> GbpCrResult:
     """Run Algorithm 1 and return the placement with K(c) and ν̃; O(J log J)."""
     if c < 1:
@@ -77,7 +78,7 @@ def gbp_cr(
     model: ModelSpec,
     c: int,
     arrival_rate: float,
-    target_load: float = 0.7,
+    target_load: float = defaults.TARGET_LOAD,
 ) -> Placement:
     """GBP-CR placement for concurrency c (the paper's Algorithm 1; docs/model.md, "GBP-CR")."""
     return gbp_cr_detail(servers, model, c, arrival_rate, target_load).placement

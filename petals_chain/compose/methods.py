@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
+from petals_chain import defaults
 from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError
 
 
@@ -27,7 +28,8 @@ class Composer(Protocol):
     """Places blocks for a method: (servers, model, λ, ρ̄, c, tune) -> Composition (no chains if it routes)."""
 
     def __call__(self, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                 target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition: ...
+                 target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                 tune: str = "lower") -> Composition: ...
 
 
 class Routing(str, enum.Enum):
@@ -42,7 +44,8 @@ ESTIMATES = ("mean", "exact")
 
 
 def proposed_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                         target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition:
+                         target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                         tune: str = "lower") -> Composition:
     """GBP-CR(c) + GCA, c given or tuned by ``tune`` (default: the Theorem 3.7 lower bound)."""
     from petals_chain.compose.tuning import compose
 
@@ -50,7 +53,8 @@ def proposed_composition(servers: Sequence[ServerSpec], model: ModelSpec, arriva
 
 
 def whole_model_chains(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                       target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition:
+                       target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                       tune: str = "lower") -> Composition:
     """Every server that holds all L blocks is a one-server chain (InfeasibleError if none can)."""
     from petals_chain.compose.whole_model import whole_model_composition
 
@@ -58,7 +62,8 @@ def whole_model_chains(servers: Sequence[ServerSpec], model: ModelSpec, arrival_
 
 
 def bprr_placement(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                   target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition:
+                   target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                   tune: str = "lower") -> Composition:
     """CG-BP for BPRR's R = min(round(λT₁ + √(λT₁)), R_max); no chains (``c`` and ``meta["R"]`` hold R)."""
     from petals_chain.compose.bprr import bprr_concurrency, cg_bp
 
@@ -67,7 +72,8 @@ def bprr_placement(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate
 
 
 def petals_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                  target_load: float = 0.7, c: int | None = None, tune: str = "lower") -> Composition:
+                  target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                  tune: str = "lower") -> Composition:
     """PETALS' own block selection (its attention cache for a fixed number of sessions); no chains."""
     from petals_chain.compose.petals_default import petals_placement
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import blocks_array, cache_slots
 from petals_chain.compose.gca import chain_service_time
 from petals_chain.model import Chain, InfeasibleError, ModelSpec, Placement, ServerSpec
@@ -85,7 +86,11 @@ def optimal_cache_allocation(
 
 
 def brute_force_groups(
-    servers: Sequence[ServerSpec], model: ModelSpec, c: int, arrival_rate: float, target_load: float = 0.7
+    servers: Sequence[ServerSpec],
+    model: ModelSpec,
+    c: int,
+    arrival_rate: float,
+    target_load: float = defaults.TARGET_LOAD,
 ) -> int | None:
     """Optimum of problem (10): fewest disjoint server groups, each covering L blocks with m_j(c),
     whose chain rates Σ_k 1/Σ_{j∈J_k} t_j(c) reach λ/(ρ̄ c); None if no grouping does. Tiny J only."""

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from petals_chain import defaults
 from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.compose.capacity import max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr_detail
@@ -87,7 +88,7 @@ def tune_c(
     servers: Sequence[ServerSpec],
     model: ModelSpec,
     arrival_rate: float,
-    target_load: float = 0.7,
+    target_load: float = defaults.TARGET_LOAD,
     criterion: str = "lower",
     c_values: Sequence[int] | None = None,
 ) -> Tuning:
@@ -114,7 +115,11 @@ def tune_c(
 
 
 def compose_for_c(
-    servers: Sequence[ServerSpec], model: ModelSpec, c: int, arrival_rate: float, target_load: float = 0.7
+    servers: Sequence[ServerSpec],
+    model: ModelSpec,
+    c: int,
+    arrival_rate: float,
+    target_load: float = defaults.TARGET_LOAD,
 ) -> Composition:
     """GBP-CR(c) then GCA: the composition for a fixed c."""
     servers = validate_servers(servers)
@@ -132,7 +137,7 @@ def compose(
     servers: Sequence[ServerSpec],
     model: ModelSpec,
     arrival_rate: float,
-    target_load: float = 0.7,
+    target_load: float = defaults.TARGET_LOAD,
     c: int | None = None,
     tune: str = "lower",
 ) -> Composition:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.launch.live_setup import ModelSetup
 
 
@@ -108,7 +109,7 @@ class LeasingClient:
 
         self.setup = setup
         self.model = AutoDistributedModelForCausalLM.from_pretrained(
-            str(setup.model_dir), orchestrator=url, lease_timeout_s=lease_timeout_s, lease_ttl_s=60.0,
+            str(setup.model_dir), orchestrator=url, lease_timeout_s=lease_timeout_s, lease_ttl_s=defaults.LEASE_TTL_S,
             show_route=False)
 
     def serve(self, prompt: Any, new_tokens: int) -> RequestTiming:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import blocks_array
 from petals_chain.compose.methods import Method, live_method
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
@@ -71,7 +72,7 @@ class MethodInfo:
 
 
 def plan_method(method: str, servers: Sequence[FittedServer], model: ModelSpec, arrival_rate: float,
-                target_load: float = 0.7) -> Composition | None:
+                target_load: float = defaults.TARGET_LOAD) -> Composition | None:
     """The composition an orchestrated method will use (None for PETALS, which places its blocks itself);
     InfeasibleError if it cannot serve, SpecError if it does not run live."""
     entry = live_method(method)
@@ -84,7 +85,8 @@ class LiveMethod:
     """One method brought up on a launched testbed: servers (+ orchestrator or DHT) and its client."""
 
     def __init__(self, method: str, swarm: TestbedSwarm, servers: Sequence[FittedServer], *, arrival_rate: float,
-                 target_load: float = 0.7, job: tuple[int, int] = (64, 24), ready_timeout_s: float = 300.0) -> None:
+                 target_load: float = defaults.TARGET_LOAD, job: tuple[int, int] = (64, 24),
+                 ready_timeout_s: float = 300.0) -> None:
         self.entry: Method = live_method(method)
         self.method = method
         self.swarm = swarm

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.launch.profile_fit import PARAMS, Capacity, ProfileGrid, ServerFit, StepSample
 
@@ -166,7 +167,8 @@ def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, Serv
 
 
 def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[StepSample], setup: Any,
-                  memory: dict[str, float], grid: ProfileGrid, target_load: float = 0.7) -> dict[str, Path]:
+                  memory: dict[str, float], grid: ProfileGrid,
+                  target_load: float = defaults.TARGET_LOAD) -> dict[str, Path]:
     """Samples CSV, profile JSON, the measured-vs-model PNG and the cluster file (fitted τ for ``profile.job``)."""
     from petals_chain.launch.live_setup import FittedServer, write_cluster
 
@@ -179,6 +181,6 @@ def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[
     li, lo = profile.job
     fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps)
               for n, f in profile.fits.items()]
-    rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else 0.2
+    rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else defaults.ARRIVAL_RATE
     paths["cluster"] = write_cluster(out_dir / f"{stem}_cluster.yaml", setup, fitted, rate, target_load, profile.job)
     return paths

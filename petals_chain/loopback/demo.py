@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.model import SpecError, span_text
 from petals_chain.client.model import close_client
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
@@ -248,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tok = AutoTokenizer.from_pretrained(args.model_dir)
         model = AutoDistributedModelForCausalLM.from_pretrained(args.model_dir, orchestrator=url,
-                                                               lease_timeout_s=600.0)
+                                                               lease_timeout_s=defaults.LEASE_WAIT_S)
         say(t0, f"client loaded; sending {n} prompts at once (capacity {capacity}: {max(0, n - capacity)} must queue)")
         burst_t = time.monotonic()
         rows = run_burst(model, tok, questions, new_tokens, t0)

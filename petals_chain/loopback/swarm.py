@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.checkpoint.sizing import BlockSizes, block_sizes
 
@@ -122,7 +123,7 @@ class LocalSwarm:
         max_length: int = 512,
         torch_dtype: str = "float32",
         arrival_rate: float = 0.5,
-        target_load: float = 0.7,
+        target_load: float = defaults.TARGET_LOAD,
         c: int | None = None,
         lease_ttl_s: float = 30.0,
         heartbeat_timeout_s: float = 20.0,

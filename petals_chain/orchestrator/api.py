@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.orchestrator import bodies
 from petals_chain.orchestrator.bodies import BadRequestError
@@ -218,7 +219,8 @@ async def _report_failure(request: web.Request) -> web.Response:
     return _json(orch.lease_json(lease))
 
 
-def build_app(orch: Orchestrator, *, token: str | None = None, sweep_interval_s: float = 0.5) -> web.Application:
+def build_app(orch: Orchestrator, *, token: str | None = None,
+              sweep_interval_s: float = defaults.SWEEP_INTERVAL_S) -> web.Application:
     """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
     app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)])
     app[ORCH_KEY] = orch

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from petals_chain import defaults
 from petals_chain.orchestrator.client import OrchestratorClient
 
 T = TypeVar("T")
@@ -27,7 +28,8 @@ class OrchestratorUnreachableError(ConnectionError):
 class BlockingOrchestrator:
     """Calls the orchestrator's HTTP API from synchronous code, through a private event-loop thread."""
 
-    def __init__(self, url: str, *, token: str | None = None, request_timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, token: str | None = None,
+                 request_timeout_s: float = defaults.CALL_TIMEOUT_S) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"orchestrator URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")

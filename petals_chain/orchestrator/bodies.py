@@ -26,9 +26,10 @@ from pydantic import (
     model_validator,
 )
 
+from petals_chain import defaults
 from petals_chain.orchestrator.registry import MAX_TIME_S
 
-DEFAULT_WAIT_S = 600.0  # how long POST /lease waits for a chain when the body does not say
+DEFAULT_WAIT_S = defaults.LEASE_WAIT_S  # how long POST /lease waits for a chain when the body does not say
 MAX_WAIT_S = 24 * 3600.0
 MAX_TTL_S = 24 * 3600.0
 MAX_LABEL_CHARS = 200  # free-text labels: a client's name, a server's reason for leaving

@@ -20,11 +20,13 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from petals_chain import defaults
 from petals_chain.compose.methods import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.registry import MAX_MEMORY_BYTES, Registry
+from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+from petals_chain.units import duration_arg, size_arg
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
@@ -37,7 +39,7 @@ BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures,
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options (SI units: bytes, seconds, requests per second)."""
+    """Command-line options; sizes and durations take units (0.405GB, 2min), bare numbers are bytes and seconds."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
     p.add_argument("--method", default="proposed",
                    help=f"serving method: {', '.join(method_names(live=True, orchestrated=True))} "
@@ -45,13 +47,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     m = p.add_argument_group("model and load (or --cluster)")
     m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
     m.add_argument("--model-blocks", type=int, help="L, the number of transformer blocks")
-    m.add_argument("--block-bytes", type=float, help="s_m, bytes of parameters per block (with --cluster: its exact "
-                   "value, agreeing with the file's rounded block_gb)")
-    m.add_argument("--cache-bytes", type=float, help="s_c, bytes of KV cache per block per job (with --cluster: "
-                   "likewise)")
+    m.add_argument("--block-bytes", type=size_arg, metavar="SIZE",
+                   help="s_m, parameters per block (bytes, or e.g. 0.405GB; with --cluster: its exact value, "
+                        "agreeing with the file's rounded block size)")
+    m.add_argument("--cache-bytes", type=size_arg, metavar="SIZE",
+                   help="s_c, KV cache per block per job (bytes, or e.g. 64MiB; with --cluster: likewise)")
     m.add_argument("--model-name", default="model")
-    m.add_argument("--arrival-rate", type=float, help="λ the composition is sized for, requests/s (default 0.2)")
-    m.add_argument("--target-load", type=float, help="ρ̄, target utilisation (default 0.7)")
+    m.add_argument("--arrival-rate", type=float,
+                   help=f"λ the composition is sized for, requests/s (default {defaults.ARRIVAL_RATE})")
+    m.add_argument("--target-load", type=float, help=f"ρ̄, target utilisation (default {defaults.TARGET_LOAD})")
     m.add_argument("--pin-cluster-times", action="store_true",
                    help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
                         "times they measure and report themselves")
@@ -60,14 +64,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
-    s.add_argument("--port", type=int, default=8700, help="listen port (0 picks a free one)")
+    s.add_argument("--port", type=int, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")
     s.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV}); /health stays open")
-    s.add_argument("--lease-ttl-s", type=float, default=60.0, help="a lease not renewed for this long expires")
-    s.add_argument("--heartbeat-timeout-s", type=float, default=30.0,
+    s.add_argument("--lease-ttl", "--lease-ttl-s", dest="lease_ttl_s", type=duration_arg, metavar="DURATION",
+                   default=defaults.LEASE_TTL_S, help="a lease not renewed for this long expires (e.g. 60s, 2min)")
+    s.add_argument("--heartbeat-timeout", "--heartbeat-timeout-s", dest="heartbeat_timeout_s", type=duration_arg,
+                   metavar="DURATION", default=defaults.HEARTBEAT_TIMEOUT_S,
                    help="a registered server silent this long is marked dead (0 disables)")
-    s.add_argument("--max-memory-bytes", type=float, default=MAX_MEMORY_BYTES,
-                   help="memory budgets above this are rejected as absurd")
-    s.add_argument("--max-waiting", type=int, default=100_000, help="most lease requests allowed to wait at once")
+    s.add_argument("--max-memory-bytes", type=size_arg, metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
+                   help="memory budgets above this are rejected as absurd (e.g. 1PB)")
+    s.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
+                   help="most lease requests allowed to wait at once")
     s.add_argument("--offer-unready-chains", action="store_true",
                    help="offer a chain as soon as it is composed (default: once every server on it reports that "
                         "it serves its span; a client then waits for a server still loading)")
@@ -117,8 +124,8 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
             flags = ", ".join("--" + f.replace("_", "-") for f in missing)
             raise SpecError(f"give --cluster FILE, or the model: missing {flags}")
         model = ModelSpec(args.model_blocks, args.block_bytes, args.cache_bytes, args.model_name)
-        arrival = args.arrival_rate if args.arrival_rate is not None else 0.2
-        target = args.target_load if args.target_load is not None else 0.7
+        arrival = args.arrival_rate if args.arrival_rate is not None else defaults.ARRIVAL_RATE
+        target = args.target_load if args.target_load is not None else defaults.TARGET_LOAD
     registry = Registry(
         model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune or "lower",
         max_memory_bytes=args.max_memory_bytes, compose_fn=method.compose,
@@ -136,9 +143,6 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
     registry, planned = build_registry(args, method)
     if args.pin_cluster_times and not args.cluster:
         raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
-    for name in ("lease_ttl_s", "heartbeat_timeout_s"):
-        if getattr(args, name) < 0:
-            raise SpecError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     orch = Orchestrator(
         registry,
         lease_ttl_s=args.lease_ttl_s,

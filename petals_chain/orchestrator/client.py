@@ -14,6 +14,8 @@ from typing import Any
 
 import aiohttp
 
+from petals_chain import defaults
+
 
 class OrchestratorError(RuntimeError):
     """The orchestrator answered with an error status; ``status`` and ``message`` say which."""
@@ -74,7 +76,7 @@ class OrchestratorClient:
     """Talks to one orchestrator; use as ``async with OrchestratorClient(url) as oc: ...``."""
 
     def __init__(self, base_url: str, *, token: str | None = None, session: aiohttp.ClientSession | None = None,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = defaults.CALL_TIMEOUT_S) -> None:
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -115,7 +117,7 @@ class OrchestratorClient:
 
     # ---- leases ---------------------------------------------------------------------------------
 
-    async def lease(self, *, timeout_s: float = 600.0, ttl_s: float | None = None,
+    async def lease(self, *, timeout_s: float = defaults.LEASE_WAIT_S, ttl_s: float | None = None,
                     client: str | None = None) -> LeaseInfo:
         """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up."""
         body: dict[str, Any] = {"timeout_s": timeout_s}
@@ -134,13 +136,14 @@ class OrchestratorClient:
         """Give the slot back (the next waiting request gets it)."""
         return await self._call("POST", f"/lease/{lease_id}/release")
 
-    async def report_failure(self, lease_id: str, server: str, *, timeout_s: float = 600.0) -> LeaseInfo:
+    async def report_failure(self, lease_id: str, server: str, *,
+                             timeout_s: float = defaults.LEASE_WAIT_S) -> LeaseInfo:
         """Tell the orchestrator ``server`` failed under this lease; returns the replacement lease."""
         body = {"server": server, "timeout_s": timeout_s}
         return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/report-failure", body, timeout_s + 30))
 
     @contextlib.asynccontextmanager
-    async def leased(self, *, timeout_s: float = 600.0, ttl_s: float = 60.0,
+    async def leased(self, *, timeout_s: float = defaults.LEASE_WAIT_S, ttl_s: float = defaults.LEASE_TTL_S,
                      client: str | None = None) -> AsyncIterator[LeaseInfo]:
         """Hold a lease for the body of an ``async with``: renewed every ttl_s/3, released at exit."""
         info = await self.lease(timeout_s=timeout_s, ttl_s=ttl_s, client=client)

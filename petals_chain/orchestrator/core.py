@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec
 from petals_chain.orchestrator.bodies import BadRequestError, HeartbeatBody, RegisterBody
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
@@ -33,9 +34,9 @@ class Orchestrator:
         self,
         registry: Registry,
         *,
-        lease_ttl_s: float = 60.0,
-        heartbeat_timeout_s: float | None = 30.0,
-        max_waiting: int = 100_000,
+        lease_ttl_s: float = defaults.LEASE_TTL_S,
+        heartbeat_timeout_s: float | None = defaults.HEARTBEAT_TIMEOUT_S,
+        max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
         pinned: Mapping[str, ServerSpec] | None = None,
         offer_when_serving: bool = False,
@@ -217,7 +218,7 @@ class Orchestrator:
                 self._offer()  # stop offering their chains at once, before the recomposition lands
                 await self.recompose()
 
-    async def run_sweeper(self, interval_s: float = 0.5) -> None:
+    async def run_sweeper(self, interval_s: float = defaults.SWEEP_INTERVAL_S) -> None:
         """Call sweep() every interval_s (or sooner, when a lease is due) until cancelled."""
         while True:
             wait = min(interval_s, max(0.01, self.leases.next_expiry_in_s()))

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.dispatch.base import Start
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.orchestrator.chains import ChainInfo
@@ -137,8 +138,8 @@ class LeaseManager:
     def __init__(
         self,
         *,
-        default_ttl_s: float = 60.0,
-        max_waiting: int = 100_000,
+        default_ttl_s: float = defaults.LEASE_TTL_S,
+        max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.default_ttl_s = default_ttl_s

@@ -15,10 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError, span_json, span_text
 
 # A single machine with more than this much accelerator memory is a typo (1 PB default).
-MAX_MEMORY_BYTES = 1e15
+MAX_MEMORY_BYTES = defaults.MAX_MEMORY_BYTES
 # A per-block time or communication time above an hour is not a measurement, it is a bug.
 MAX_TIME_S = 3600.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -154,7 +155,7 @@ class Registry:
         model: ModelSpec,
         *,
         arrival_rate: float,
-        target_load: float = 0.7,
+        target_load: float = defaults.TARGET_LOAD,
         c: int | None = None,
         tune: str = "lower",
         max_memory_bytes: float = MAX_MEMORY_BYTES,
@@ -221,8 +222,9 @@ class Registry:
             changed = (
                 not rec.alive
                 or rec.memory_bytes != memory
-                or not math.isclose(rec.tau_p_s, tp, rel_tol=0.25)
-                or not math.isclose(rec.tau_c_s, tc, rel_tol=0.25, abs_tol=1e-3)
+                or not math.isclose(rec.tau_p_s, tp, rel_tol=defaults.RECOMPOSE_REL_TOL)
+                or not math.isclose(rec.tau_c_s, tc, rel_tol=defaults.RECOMPOSE_REL_TOL,
+                                    abs_tol=defaults.RECOMPOSE_ABS_TOL_S)
             )
             rec.memory_bytes, rec.peer_id, rec.address, rec.last_heartbeat_s = memory, peer, addr, now_s
             if changed:
@@ -277,9 +279,10 @@ class Registry:
         changed = False
         if keep_times:
             tp = tc = None
-        if tp is not None and not math.isclose(rec.tau_p_s, tp, rel_tol=0.25):
+        if tp is not None and not math.isclose(rec.tau_p_s, tp, rel_tol=defaults.RECOMPOSE_REL_TOL):
             rec.tau_p_s, changed = tp, True
-        if tc is not None and not math.isclose(rec.tau_c_s, tc, rel_tol=0.25, abs_tol=1e-3):
+        if tc is not None and not math.isclose(rec.tau_c_s, tc, rel_tol=defaults.RECOMPOSE_REL_TOL,
+                                               abs_tol=defaults.RECOMPOSE_ABS_TOL_S):
             rec.tau_c_s, changed = tc, True
         if changed:
             self.generation += 1

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain import defaults
 from petals_chain.model import Composition, InfeasibleError
 from petals_chain.orchestrator.leases import Lease, LeaseManager, LeaseSnapshot, LeaseTimeoutError, QueueFullError
 from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
@@ -48,7 +49,7 @@ class _Committed:
 class WsRrLeaseManager(LeaseManager):
     """Leases whose chain is a per-request WS-RR route over the current placement (see the module docstring)."""
 
-    def __init__(self, *, default_ttl_s: float = 60.0, max_waiting: int = 100_000,
+    def __init__(self, *, default_ttl_s: float = defaults.LEASE_TTL_S, max_waiting: int = defaults.MAX_WAITING,
                  clock: Callable[[], float] | None = None) -> None:
         kwargs: dict[str, Any] = {"default_ttl_s": default_ttl_s, "max_waiting": max_waiting}
         if clock is not None:

@@ -17,27 +17,31 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.model import SpecError
+from petals_chain.units import duration_arg
 
 EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options; sizes take units (20GB, 512MB), times are seconds."""
+    """Command-line options; sizes and durations take units (20GB, 512MB; 500ms, 2s); bare numbers: bytes, seconds."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
     p.add_argument("model_dir", help="local Hugging Face checkpoint directory (config.json + *.safetensors)")
     p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
     p.add_argument("--memory-budget", required=True, help="M_j: memory for blocks + KV cache, e.g. 20GB or 300MB")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
     p.add_argument("--token", default=None, help="orchestrator bearer token (or env PETALS_CHAIN_ORCH_TOKEN)")
-    p.add_argument("--max-length", type=int, default=2048,
+    p.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
     p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--job-input-tokens", type=int, default=64, help="l_in of the job τp is measured for")
-    p.add_argument("--job-output-tokens", type=int, default=16, help="l_out of the job τp and τc are for")
-    p.add_argument("--tau-p-s", type=float, default=None,
-                   help="use this per-block time instead of measuring it (an emulated slower device)")
+    p.add_argument("--job-input-tokens", type=int, default=defaults.JOB_INPUT_TOKENS,
+                   help="l_in of the job τp is measured for")
+    p.add_argument("--job-output-tokens", type=int, default=defaults.JOB_OUTPUT_TOKENS,
+                   help="l_out of the job τp and τc are for")
+    p.add_argument("--tau-p", "--tau-p-s", dest="tau_p_s", type=duration_arg, metavar="DURATION", default=None,
+                   help="use this per-block time (e.g. 120ms) instead of measuring it (an emulated slower device)")
     p.add_argument("--block-indices", default=None,
                    help="serve exactly start:end, only if the orchestrator assigned it (else exit with its refusal)")
     p.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs (default: the orchestrator's)")
@@ -47,11 +51,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--announce-maddrs", nargs="*", default=None)
     p.add_argument("--num-handlers", type=int, default=1, help="petals connection-handler processes")
     p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads of this server")
-    p.add_argument("--heartbeat-period-s", type=float, default=2.0)
-    p.add_argument("--settle-s", type=float, default=2.0,
+    p.add_argument("--heartbeat-period", "--heartbeat-period-s", dest="heartbeat_period_s", type=duration_arg,
+                   metavar="DURATION", default=defaults.HEARTBEAT_PERIOD_S)
+    p.add_argument("--settle", "--settle-s", dest="settle_s", type=duration_arg, metavar="DURATION",
+                   default=defaults.SETTLE_S,
                    help="load a span only once the assignment has not changed for this long (others still joining)")
-    p.add_argument("--update-period-s", type=float, default=30.0, help="how often blocks are re-announced in the DHT")
-    p.add_argument("--request-timeout-s", type=float, default=180.0)
+    p.add_argument("--update-period", "--update-period-s", dest="update_period_s", type=duration_arg,
+                   metavar="DURATION", default=defaults.DHT_UPDATE_PERIOD_S,
+                   help="how often blocks are re-announced in the DHT")
+    p.add_argument("--request-timeout", "--request-timeout-s", dest="request_timeout_s", type=duration_arg,
+                   metavar="DURATION", default=defaults.SERVER_REQUEST_TIMEOUT_S)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -102,7 +111,7 @@ def build_server(args: argparse.Namespace) -> Any:
 
     orch = BlockingOrchestrator(args.orchestrator, token=token)
 
-    h = orch.run(lambda c: c.health(), timeout_s=30.0)
+    h = orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
     check_against_orchestrator(h, sizes)
     dht = h.get("dht") or {}
     peers = args.initial_peers if args.initial_peers is not None else dht.get("initial_peers")

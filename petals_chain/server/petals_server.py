@@ -19,6 +19,7 @@ from typing import Any
 
 from petals.server.server import Server
 
+from petals_chain import defaults
 from petals_chain.model import SpecError, span_text
 from petals_chain.service_time import Workload, tau_c
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
@@ -54,11 +55,11 @@ class ServerProfile:
 def measure_rtt_s(orch: BlockingOrchestrator, samples: int = 5) -> float:
     """Median round trip of GET /health to the orchestrator, seconds (after one warm-up request)."""
 
-    orch.run(lambda c: c.health(), timeout_s=30.0)
+    orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
     rtts = []
     for _ in range(samples):
         t0 = time.perf_counter()
-        orch.run(lambda c: c.health(), timeout_s=30.0)
+        orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
         rtts.append(time.perf_counter() - t0)
     return statistics.median(rtts)
 
@@ -90,8 +91,8 @@ class OrchestratedServer(Server):
         profile: ServerProfile,
         sizes: BlockSizes,
         fixed_span: tuple[int, int] | None = None,
-        heartbeat_period_s: float = 2.0,
-        settle_s: float = 2.0,
+        heartbeat_period_s: float = defaults.HEARTBEAT_PERIOD_S,
+        settle_s: float = defaults.SETTLE_S,
         **server_kwargs: Any,
     ) -> None:
         self.orch = orchestrator
@@ -160,7 +161,7 @@ class OrchestratedServer(Server):
         span = self.serving() if serving is None else serving
 
         try:
-            a = self.orch.run(lambda c: c.heartbeat(self.profile.name, serving=span), timeout_s=30.0)
+            a = self.orch.run(lambda c: c.heartbeat(self.profile.name, serving=span), timeout_s=defaults.CALL_TIMEOUT_S)
         except OrchestratorError as exc:
             if exc.status in (404, 410):  # orchestrator restarted, or marked us dead: join again
                 log.warning("orchestrator answered %s (%s); registering again", exc.status, exc.message)
@@ -182,7 +183,8 @@ class OrchestratedServer(Server):
                     return
                 log.warning("%s; reloading the assigned span", exc)
                 try:
-                    self._set_assignment(self.orch.run(lambda c: c.assignment(self.profile.name), timeout_s=30.0))
+                    self._set_assignment(self.orch.run(lambda c: c.assignment(self.profile.name),
+                                                       timeout_s=defaults.CALL_TIMEOUT_S))
                 except Exception as exc2:  # next heartbeat will try again
                     log.warning("fetching the assignment failed: %s", exc2)
             except Exception as exc:  # orchestrator down for a moment: keep serving, keep trying

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from petals_chain import defaults
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.compose.methods import Method, Routing, get_method
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
@@ -59,7 +60,7 @@ def petals_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: Pla
 
 
 def build_system(method: str, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-                 target_load: float = 0.7, *, petals_cache: str = "attn") -> System:
+                 target_load: float = defaults.TARGET_LOAD, *, petals_cache: str = "attn") -> System:
     """Place blocks (and compose chains, or prepare routing) the way ``method`` does."""
     m = _check(method, arrival_rate, target_load)
     servers = validate_servers(servers)
@@ -88,6 +89,6 @@ def simulate_system(system: System, workload: Workload, warmup_jobs: int = 0) ->
 
 
 def run_method(method: str, servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
-               workload: Workload, *, warmup_jobs: int = 0, target_load: float = 0.7) -> SimResult:
+               workload: Workload, *, warmup_jobs: int = 0, target_load: float = defaults.TARGET_LOAD) -> SimResult:
     """Build ``method`` for these servers and simulate it on ``workload``."""
     return simulate_system(build_system(method, servers, model, arrival_rate, target_load), workload, warmup_jobs)

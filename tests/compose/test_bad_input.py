@@ -83,7 +83,7 @@ GOOD = {
 @pytest.mark.parametrize(
     ("mutate", "needle"),
     [
-        (lambda d: d.pop("model"), "section 'model'"),
+        (lambda d: d.pop("model"), r"missing field\(s\) model"),
         (lambda d: d["model"].update(blocks="x"), "blocks"),
         (lambda d: d["model"].update(cache_gb=0), "cache_gb"),
         (lambda d: d["load"].update(arrival_rate=-1), "arrival_rate"),

@@ -28,6 +28,7 @@ from petals_chain.launch import emulate, latency, mig, mig_profiles, netns, stat
 from petals_chain.launch.launcher import Launch, host_addresses
 from petals_chain.launch.testbed import TestbedError, load_testbed, parse_testbed
 from petals_chain.model import ModelSpec
+from petals_chain.units import parse_duration
 from petals_chain.data.ripe import draw_topology
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +124,8 @@ def test_cpu_emulated_rtts_equal_the_cluster_file() -> None:
     tb = load_testbed(TESTBEDS / "cpu_emulated.yaml")
     cluster = yaml.safe_load((REPO / "experiments" / "clusters" / "llama2_7b_testbed.yaml").read_text())
     assert [s.name for s in tb.servers] == [c["name"] for c in cluster["servers"]]
-    assert [s.rtt_s * 1e3 for s in tb.servers] == pytest.approx([c["rtt_ms"] for c in cluster["servers"]], abs=1e-3)
+    assert [s.rtt_s * 1e3 for s in tb.servers] == pytest.approx([parse_duration(c["rtt"]) * 1e3
+                                                                 for c in cluster["servers"]], abs=1e-3)
 
 
 def test_block_arithmetic_of_smollm2_from_its_config() -> None:
@@ -145,16 +147,18 @@ def test_malformed_file_is_rejected_with_its_name(tmp_path: Path, text: str, fie
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"colour": "red"}, r"unknown field\(s\) colour"),
+    ({"colour": "red"}, r"tb\.yaml: colour: unknown key \(known: cpu_servers, gpus, latency, model, name, network, "
+                        r"trace\)"),
     ({"model": {"name": "x", "blocks": 0, "block_size": "1MB", "cache_size": "1MB"}}, r"model\.blocks"),
     ({"model": {"name": "x", "blocks": 2, "block_size": "1 parsec", "cache_size": "1MB"}}, r"model\.block_size"),
-    ({"cpu_servers": [{"name": "a"}]}, r"cpu_servers\[0\]: missing field\(s\) memory_budget"),
+    ({"cpu_servers": [{"name": "a"}]}, r"cpu_servers\[0\] \(a\): missing field\(s\) memory_budget"),
     ({"cpu_servers": [{"name": "a", "memory_budget": "1MB", "speed_factor": 2}]}, r"speed_factor"),
     ({"cpu_servers": [{"name": "a", "memory_budget": "1MB"}, {"name": "a", "memory_budget": "1MB"}]},
      "used twice: a"),
     ({"latency": {"rtt_ms": {"a": 20}}}, r"no RTT for server\(s\) b"),
     ({"latency": {"rtt_ms": {"a": 20, "b": 1, "c": 3}}}, r"unknown server\(s\) c"),
-    ({"latency": {"rtt_ms": 5, "ripe_atlas": {"seed": 1}}}, "exactly one of 'rtt_ms'"),
+    ({"latency": {"rtt_ms": 5, "ripe_atlas": {"seed": 1}}},
+     "latency: give exactly one of 'rtt' .*, 'rtt_ms' .* or 'ripe_atlas'"),
     ({"latency": {"rtt_ms": 5, "method": "carrier-pigeon"}}, r"latency\.method"),
     ({"gpus": [{"index": 0, "type": "A100-80GB", "profiles": ["7g.80gb"]}]}, "exactly one of 'gpus'"),
     ({"network": {"subnet": "8.8.8.0/24"}}, "not a private range"),

@@ -1,0 +1,36 @@
+"""Named defaults shared by the layers (composition, orchestrator, servers, clients, launchers), in SI units.
+
+Each figure used to be repeated as a literal wherever a layer needed it; a change here now
+reaches the cluster files, the command lines, the orchestrator and its clients alike.
+"""
+
+from __future__ import annotations
+
+# ---- the load a composition is sized for ----------------------------------------------------------
+TARGET_LOAD = 0.7  # ρ̄: utilisation the chains are sized for (GBP-CR's stopping rule)
+ARRIVAL_RATE = 0.2  # λ, requests per second, when neither a cluster file nor a flag gives one
+
+# ---- orchestrator -----------------------------------------------------------------------------------
+ORCHESTRATOR_PORT = 8700
+LEASE_TTL_S = 60.0  # a lease not renewed for this long expires (clients renew every TTL / 3)
+LEASE_WAIT_S = 600.0  # how long a lease request waits in the central queue before a 503
+HEARTBEAT_TIMEOUT_S = 30.0  # a registered server silent this long is marked dead
+MAX_WAITING = 100_000  # most lease requests waiting at once; more get a 503
+SWEEP_INTERVAL_S = 0.5  # how often expired leases and silent servers are looked for
+MAX_MEMORY_BYTES = 1e15  # a memory budget above this (1 PB) is a typo, refused by the registry and the server CLI
+# Recomposition tolerance: a server's re-measured τp / τc within this relative change (τc also within the
+# absolute one) keeps the composition; a larger drift recomposes.
+RECOMPOSE_REL_TOL = 0.25
+RECOMPOSE_ABS_TOL_S = 1e-3
+
+# ---- HTTP calls to the orchestrator ----------------------------------------------------------------
+CALL_TIMEOUT_S = 30.0  # one request/reply to the orchestrator (register, heartbeat, health, release, ...)
+
+# ---- orchestrated PETALS servers ---------------------------------------------------------------------
+HEARTBEAT_PERIOD_S = 2.0  # how often a server reports that it is alive and what it serves
+SETTLE_S = 2.0  # debounce: a new assignment is loaded once it has not changed for this long
+DHT_UPDATE_PERIOD_S = 30.0  # how often a server re-announces its blocks in the DHT
+SERVER_REQUEST_TIMEOUT_S = 180.0  # PETALS' per-request timeout on a server
+MAX_LENGTH = 2048  # tokens per job (prompt + generated) a server's KV cache slots are sized for
+JOB_INPUT_TOKENS = 64  # l_in of the job a server measures its τp on
+JOB_OUTPUT_TOKENS = 16  # l_out of that job (and of its τc)
