@@ -85,6 +85,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 # ---------------------------------------------------------------------------------------------------------------
 # testbed files
 # ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.data
 def test_paper_mig_testbed_is_three_a100_with_3g_and_two_2g_each() -> None:
     tb = load_testbed(TESTBEDS / "paper_mig.yaml")
     assert tb.is_mig and len(tb.servers) == 9 and len(tb.gpus) == 3
@@ -101,6 +102,7 @@ def test_paper_mig_testbed_is_three_a100_with_3g_and_two_2g_each() -> None:
     assert tb.trace is not None and tb.trace.requests == 1000 and tb.trace.path.is_file()
 
 
+@pytest.mark.data
 def test_cpu_emulated_testbed_matches_the_scaling_rule() -> None:
     """Budgets, speed factors and s_c of the shipped file follow from emulate.py and the paper's testbed."""
     tb = load_testbed(TESTBEDS / "cpu_emulated.yaml")
@@ -120,6 +122,7 @@ def test_cpu_emulated_testbed_matches_the_scaling_rule() -> None:
     assert copies[0] / copies[-1] == pytest.approx(2.0, rel=1e-5)
 
 
+@pytest.mark.data
 def test_cpu_emulated_rtts_equal_the_cluster_file() -> None:
     tb = load_testbed(TESTBEDS / "cpu_emulated.yaml")
     cluster = yaml.safe_load((REPO / "experiments" / "clusters" / "llama2_7b_testbed.yaml").read_text())
@@ -276,6 +279,7 @@ def test_recorded_outputs_parse_and_agree_with_the_profile_table() -> None:
     assert mig.parse_lgi("No GPU instances found: Not Found\n") == []
 
 
+@pytest.mark.data
 def test_plan_against_detected_gpus(tmp_path: Path, stand_in) -> None:
     smi, _, _ = stand_in("a100x3")
     gpus, why = mig.probe_gpus(smi)
@@ -292,6 +296,7 @@ def test_plan_against_detected_gpus(tmp_path: Path, stand_in) -> None:
         mig.plan_mig(h100, gpus)
 
 
+@pytest.mark.data
 def test_apply_reads_back_uuids_and_tears_down(stand_in) -> None:
     smi, _, log = stand_in("a100x3")
     tb = load_testbed(TESTBEDS / "paper_mig.yaml")
@@ -317,6 +322,7 @@ def test_apply_reads_back_uuids_and_tears_down(stand_in) -> None:
     assert [c for c in logged(log) if c[-2:] == ["-mig", "0"]] == [["-i", i, "-mig", "0"] for i in "012"]
 
 
+@pytest.mark.data
 def test_gpu_with_foreign_instances_is_refused(stand_in) -> None:
     smi, _, log = stand_in("a100x3_busy")
     plan = mig.plan_mig(load_testbed(TESTBEDS / "paper_mig.yaml"), mig.probe_gpus(smi)[0])
@@ -331,6 +337,7 @@ def test_gpu_with_foreign_instances_is_refused(stand_in) -> None:
     ("nodriver", "couldn't communicate with the NVIDIA driver"),
     (None, "nvidia-smi not found on PATH"),
 ])
+@pytest.mark.data
 def test_without_a_mig_gpu_the_plan_is_printed_and_apply_refused(tmp_path: Path, stand_in,
                                                                   scenario: str | None, reason: str) -> None:
     log = tmp_path / "none.log"
