@@ -23,10 +23,6 @@ METRICS = ("response_mean", "response_median", "response_p95", "response_p99", "
            "waiting_p95", "waiting_max", "service_mean", "service_median", "service_p95")
 
 
-class ReplayError(RuntimeError):
-    """A replay could not complete (requests failed or never finished); the message says which."""
-
-
 # ---- the trace, scaled to the testbed ------------------------------------------------------------------------
 
 

@@ -1,14 +1,11 @@
 """An async client of the orchestrator's HTTP API, for the PETALS client and server subclasses.
 
-``lease()`` long-polls until JFFC grants a chain; ``leased()`` wraps lease →
-renew in the background → release, so a caller cannot forget to give a slot back.
+``lease()`` long-polls until JFFC grants a chain; the PETALS client keeps it renewed and releases it
+(:mod:`petals_chain.client.lease`), so a slot is never left behind.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,28 +138,6 @@ class OrchestratorClient:
         """Tell the orchestrator ``server`` failed under this lease; returns the replacement lease."""
         body = {"server": server, "timeout_s": timeout_s}
         return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/report-failure", body, timeout_s + 30))
-
-    @contextlib.asynccontextmanager
-    async def leased(self, *, timeout_s: float = defaults.LEASE_WAIT_S, ttl_s: float = defaults.LEASE_TTL_S,
-                     client: str | None = None) -> AsyncIterator[LeaseInfo]:
-        """Hold a lease for the body of an ``async with``: renewed every ttl_s/3, released at exit."""
-        info = await self.lease(timeout_s=timeout_s, ttl_s=ttl_s, client=client)
-
-        async def keep_alive() -> None:
-            """Renew until cancelled."""
-            while True:
-                await asyncio.sleep(ttl_s / 3)
-                await self.renew(info.lease_id)
-
-        task = asyncio.create_task(keep_alive())
-        try:
-            yield info
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, OrchestratorError, aiohttp.ClientError):
-                await task
-            with contextlib.suppress(OrchestratorError):  # already expired or replaced: nothing to give back
-                await self.release(info.lease_id)
 
     # ---- servers --------------------------------------------------------------------------------
 

@@ -400,7 +400,3 @@ class Registry:
             return self.compute(specs), None
         except (SpecError, ValueError) as exc:  # InfeasibleError is a ValueError
             return None, f"{type(exc).__name__}: {exc}"
-
-    def assignments(self) -> dict[str, Assignment | None]:
-        """Each server's current assignment."""
-        return {name: r.assignment for name, r in self.servers.items()}

@@ -9,13 +9,11 @@ the same inputs. Both keep ∫N(t)dt so that every run checks Little's law.
 
 from __future__ import annotations
 
-import csv
 import heapq
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -98,18 +96,6 @@ class SimResult:
             "littles_law_gap": self.littles_law_gap, "littles_law_window_gap": self.littles_law_window_gap,
             "migrations": int(r["migrations"].sum()),
         }
-
-    def to_csv(self, path: str | Path) -> Path:
-        """Write the per-job records as CSV (one row per kept job)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(RECORD_DTYPE.names)
-            for row in self.records.tolist():
-                w.writerow(row)
-        return path
-
 
 def _check_workload(workload: Workload, num_chains: int, warmup_jobs: int) -> None:
     """Raise ValueError if the workload and warm-up do not fit the chains."""
