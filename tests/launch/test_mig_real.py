@@ -18,7 +18,7 @@ from petals_chain.launch import plan as launch_plan
 from petals_chain.launch.__main__ import _mig_plan
 from petals_chain.launch.testbed import load_testbed, parse_testbed
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia_smi"
 REAL = FIXTURES / "h100_real"
 STAND_IN = FIXTURES / "bin" / "nvidia-smi"
