@@ -26,6 +26,10 @@ RECOMPOSE_ABS_TOL_S = 1e-3
 # ---- HTTP calls to the orchestrator ----------------------------------------------------------------
 CALL_TIMEOUT_S = 30.0  # one request/reply to the orchestrator (register, heartbeat, health, release, ...)
 
+# ---- what a server's process needs beyond blocks + cache (measured on an H100: results/gpu/README.md) ----
+CUDA_CONTEXT_BYTES = 0.7 * 2**30  # CUDA context and library handles, outside PyTorch's allocator (0.67 GiB measured)
+ALLOCATOR_SLACK = 0.10  # extra share of the activation term that PyTorch's caching allocator holds back
+
 # ---- orchestrated PETALS servers ---------------------------------------------------------------------
 HEARTBEAT_PERIOD_S = 2.0  # how often a server reports that it is alive and what it serves
 SETTLE_S = 2.0  # debounce: a new assignment is loaded once it has not changed for this long

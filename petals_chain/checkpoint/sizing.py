@@ -1,4 +1,4 @@
-"""The §2.1 memory model of a real checkpoint: s_m, s_c, cache slots, and a measured τp.
+"""The memory model of a real checkpoint (paper §2.1): s_m, s_c, cache slots, the runtime reserve, a measured τp.
 
 A PETALS server and the orchestrator must agree on ``s_m`` (bytes of one block's
 parameters in the serving dtype) and ``s_c`` (KV-cache bytes of one block for one
@@ -36,6 +36,7 @@ class BlockSizes:
     cache_bytes: int  # s_c: 2 · hidden / kv_groups · max_length · dtype bytes
     max_length: int
     dtype: str
+    activation_bytes_per_token: int = 0  # transient bytes of one prefill token in one block: (3·d_ff + 8·d)·dtype
 
     def model_spec(self, name: str) -> ModelSpec:
         """The ModelSpec the orchestrator composes with."""
@@ -48,6 +49,20 @@ class BlockSizes:
         cache a slot apart from what the composition assumed; negative when the blocks alone exceed memory_bytes.
         """
         return slots_left(memory_bytes, self.block_bytes, self.cache_bytes, num_blocks)
+
+    def runtime_reserve_bytes(self, device: str) -> int:
+        """O_j: what a server process needs beyond s_m·m_j + s_c·slots, to subtract from its budget on a GPU.
+
+        Measured on an H100 (results/gpu/README.md): the weights and the static cache take exactly
+        s_m·m_j + s_c·slots, but the process also holds the CUDA context (~0.7 GiB) and a prefill's activations,
+        about (3·d_ff + 8·d)·dtype bytes per token, plus allocator slack. PETALS runs one session's prefill at a
+        time, so the largest activation is one job of ``max_length`` tokens. On a CPU the budget is the operator's
+        own figure for blocks + cache (the emulated testbeds size it so), so nothing is reserved there.
+        """
+        if not device.startswith("cuda"):
+            return 0
+        activations = self.activation_bytes_per_token * self.max_length * (1.0 + defaults.ALLOCATOR_SLACK)
+        return int(defaults.CUDA_CONTEXT_BYTES + activations)
 
 
 def check_model_dir(path: str | Path) -> Path:
@@ -96,6 +111,17 @@ def parse_budget(text: str) -> float:
     return value
 
 
+def parse_reserve(text: str) -> float:
+    """``--reserve SIZE``: a non-negative size with a unit (``0``, ``1.5GiB``); SpecError naming the option."""
+    try:
+        value = parse_size(text)
+    except UnitError as exc:
+        raise SpecError(f"--reserve: {exc}") from None
+    if value < 0:
+        raise SpecError(f"--reserve must be >= 0, got {text!r}")
+    return value
+
+
 def load_config(model_dir: str | Path):
     """The PETALS distributed config of a checkpoint (its block class, layer count, widths)."""
     from petals.utils.auto_config import AutoDistributedConfig
@@ -120,7 +146,9 @@ def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int =
     width = DTYPE_BYTES[dtype]
     kv_groups = getattr(config, "num_key_value_groups", 1) or 1
     cache_values = 2 * config.hidden_size * max_length // kv_groups
-    return BlockSizes(config.num_hidden_layers, int(n_params * width), int(cache_values * width), max_length, dtype)
+    d_ff = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
+    return BlockSizes(config.num_hidden_layers, int(n_params * width), int(cache_values * width), max_length, dtype,
+                      activation_bytes_per_token=(3 * d_ff + 8 * config.hidden_size) * width)
 
 
 def measure_tau_p(

@@ -29,7 +29,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
     p.add_argument("model_dir", help="local Hugging Face checkpoint directory (config.json + *.safetensors)")
     p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
-    p.add_argument("--memory-budget", required=True, help="M_j: memory for blocks + KV cache, e.g. 20GB or 300MB")
+    p.add_argument("--memory-budget", required=True, help="memory of this server, e.g. 20GB or 300MB")
+    p.add_argument("--reserve", default="auto",
+                   help="memory kept out of M_j for the process itself (CUDA context, activations): a size, or "
+                        "'auto' (on a CUDA device 0.7 GiB + one max-length prefill's activations; on a CPU 0); "
+                        "M_j = budget - reserve is what blocks + KV cache get")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
     p.add_argument("--token", default=None, help="orchestrator bearer token (or env PETALS_CHAIN_ORCH_TOKEN)")
     p.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
@@ -88,7 +92,7 @@ def build_server(args: argparse.Namespace) -> Any:
     from petals_chain.orchestrator.blocking import BlockingOrchestrator
     from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
     from petals_chain.server.petals_server import OrchestratedServer, check_against_orchestrator, profile_server
-    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget
+    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
 
     model_dir = check_model_dir(args.model_dir)
     memory = parse_budget(args.memory_budget)
@@ -99,11 +103,14 @@ def build_server(args: argparse.Namespace) -> Any:
     if args.job_input_tokens + args.job_output_tokens > args.max_length:
         raise SpecError(f"--job-input-tokens + --job-output-tokens exceed --max-length {args.max_length}")
     sizes = block_sizes(model_dir, args.torch_dtype, args.max_length)
+    reserve = sizes.runtime_reserve_bytes(args.device) if args.reserve == "auto" else parse_reserve(args.reserve)
+    budget, memory = memory, memory - reserve
     need = sizes.block_bytes + sizes.cache_bytes
     if memory < need:
         raise SpecError(
-            f"--memory-budget {args.memory_budget} = {memory:.4g} B cannot hold one block ({sizes.block_bytes} B) "
-            f"plus one cache slot ({sizes.cache_bytes} B of {args.max_length} tokens); need >= {need} B"
+            f"--memory-budget {args.memory_budget} = {budget:.4g} B less --reserve {reserve:.4g} B cannot hold one "
+            f"block ({sizes.block_bytes} B) plus one cache slot ({sizes.cache_bytes} B of {args.max_length} tokens); "
+            f"need >= {need + reserve:.0f} B"
         )
     span = _parse_span(args.block_indices, sizes.num_blocks) if args.block_indices else None
     name = args.name or f"{os.uname().nodename.split('.')[0]}-{os.getpid()}"
