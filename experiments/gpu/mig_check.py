@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = Path(args.raw)
     summary: dict = {}
     try:
-        from petals_chain.launch import mig
+        from petals_chain.launch import mig, mig_smi
         from petals_chain.launch.__main__ import _mig_plan
         from petals_chain.launch.testbed import load_testbed
     except Exception as err:  # the launcher itself does not import: say so, keep the raw outputs
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cannot import the launcher: {err!r}")
         return 1
 
-    class ReadOnlySmi(mig.NvidiaSmi):
+    class ReadOnlySmi(mig_smi.NvidiaSmi):
         """nvidia-smi that refuses any state-changing command (this check must never alter the GPU)."""
 
         calls: list[list[str]] = []
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         def __call__(self, cmd: list[str], *, check: bool = True) -> str:
             bad = MUTATING.intersection(cmd)
             if bad:
-                raise mig.MigError(f"read-only check refused nvidia-smi {' '.join(cmd)} ({', '.join(sorted(bad))})")
+                raise mig_smi.MigError(f"read-only check refused nvidia-smi {' '.join(cmd)} ({', '.join(sorted(bad))})")
             self.calls.append(list(cmd))
             return super().__call__(cmd, check=check)
 
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return p.read_text() if p.exists() else ""
 
     parsed = {}
-    for name, fn in (("query_gpu", mig.parse_query_gpu), ("L", mig.parse_list), ("lgip", mig.parse_lgip),
-                     ("lgi", mig.parse_lgi), ("lci", mig.parse_lci)):
+    for name, fn in (("query_gpu", mig_smi.parse_query_gpu), ("L", mig_smi.parse_list), ("lgip", mig_smi.parse_lgip),
+                     ("lgi", mig_smi.parse_lgi), ("lci", mig_smi.parse_lci)):
         try:
             res = fn(text(name))
             parsed[name] = {"ok": True, "value": _plain(res)}

@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from petals_chain.launch import latency, mig, plan, state
+from petals_chain.launch import latency, mig, mig_smi, plan, state
 from petals_chain.launch.launcher import Launch, LaunchError
 from petals_chain.launch.testbed import DELAY_METHODS, Testbed, TestbedError, load_testbed
 
@@ -31,7 +31,7 @@ def _teardown(tag: str | None) -> int:
     return 1 if problems else 0
 
 
-def _mig_plan(tb: Testbed, smi: mig.NvidiaSmi) -> tuple[mig.MigPlan, str, bool]:
+def _mig_plan(tb: Testbed, smi: mig_smi.NvidiaSmi) -> tuple[mig.MigPlan, str, bool]:
     """The MIG plan (checked on this host's GPUs when it has matching ones), a note, and whether it can be applied."""
     gpus, why = mig.probe_gpus(smi)
     if gpus:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
-    smi = mig.NvidiaSmi()
+    smi = mig_smi.NvidiaSmi()
     mig_plan, mig_note, mig_ok = _mig_plan(tb, smi) if tb.is_mig else (None, "", True)
     bring_up = args.apply or args.measure or args.hold
     launch = Launch(tb, method=args.method, smi=smi, keep=args.keep)
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep:
             print(f"kept: python -m petals_chain.launch --teardown --tag {launch.detach()}")
         return rc
-    except (LaunchError, mig.MigError, latency.DelayMethodError, RuntimeError) as err:
+    except (LaunchError, mig_smi.MigError, latency.DelayMethodError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

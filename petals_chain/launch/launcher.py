@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from petals_chain.launch import latency, mig, netns, state
+from petals_chain.launch import latency, mig, mig_smi, netns, state
 from petals_chain.launch.commands import run
 from petals_chain.launch.testbed import REPO_ROOT, Testbed
 
@@ -51,12 +51,12 @@ def _child_env(tag: str, extra: dict[str, str] | None = None) -> dict[str, str]:
 class Launch:
     """A testbed brought up on this machine; use as a context manager or call ``up()`` / ``down()``."""
 
-    def __init__(self, testbed: Testbed, *, method: str | None = None, smi: mig.NvidiaSmi | None = None,
+    def __init__(self, testbed: Testbed, *, method: str | None = None, smi: mig_smi.NvidiaSmi | None = None,
                  python: str = sys.executable, log: Callable[[str], None] = print, keep: bool = False) -> None:
         """Nothing is created until ``detect()`` or ``up()``; ``method`` overrides the file's latency.method."""
         self.testbed = testbed
         self.requested = method or testbed.delay_method
-        self.smi = smi or mig.NvidiaSmi()
+        self.smi = smi or mig_smi.NvidiaSmi()
         self.python = python
         self.log = log
         self.keep = keep  # helpers outlive this process (no owner watchdog), for --keep

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from petals_chain.compose.cluster import load_cluster
-from petals_chain.launch import emulate, latency, mig, mig_profiles, netns, state
+from petals_chain.launch import emulate, latency, mig, mig_profiles, mig_smi, netns, state
 from petals_chain.launch.launcher import Launch, host_addresses
 from petals_chain.launch.testbed import TestbedError, load_testbed, parse_testbed
 from petals_chain.model import ModelSpec
@@ -72,13 +72,13 @@ def logged(log: Path) -> list[list[str]]:
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Make the stand-in nvidia-smi replay a recorded scenario: returns scenario -> (NvidiaSmi, env for PATH, log)."""
-    def use(scenario: str) -> tuple[mig.NvidiaSmi, dict[str, str], Path]:
+    def use(scenario: str) -> tuple[mig_smi.NvidiaSmi, dict[str, str], Path]:
         """Select the scenario; its log file records every call."""
         log = tmp_path / f"nvsmi-{scenario}.log"
         monkeypatch.setenv("NVSMI_SCENARIO", str(FIXTURES / scenario))
         monkeypatch.setenv("NVSMI_LOG", str(log))
         env = {**os.environ, "PATH": f"{STAND_IN_BIN}{os.pathsep}{os.environ['PATH']}"}
-        return mig.NvidiaSmi(str(STAND_IN_BIN / "nvidia-smi")), env, log
+        return mig_smi.NvidiaSmi(str(STAND_IN_BIN / "nvidia-smi")), env, log
     return use
 
 
@@ -258,25 +258,25 @@ def test_endpoints_netem_commands_and_expected_rtts(tmp_path: Path) -> None:
 # MIG against recorded nvidia-smi output
 # ---------------------------------------------------------------------------------------------------------------
 def test_recorded_outputs_parse_and_agree_with_the_profile_table() -> None:
-    gpus = mig.parse_query_gpu((FIXTURES / "a100x3" / "query_gpu.csv").read_text())
+    gpus = mig_smi.parse_query_gpu((FIXTURES / "a100x3" / "query_gpu.csv").read_text())
     assert [g.index for g in gpus] == [0, 1, 2]
     assert all(g.product is mig_profiles.PRODUCTS["A100-80GB"] and g.mig_mode == "Disabled" for g in gpus)
-    t4 = mig.parse_query_gpu((FIXTURES / "t4" / "query_gpu.csv").read_text())
+    t4 = mig_smi.parse_query_gpu((FIXTURES / "t4" / "query_gpu.csv").read_text())
     assert t4[0].mig_mode is None and t4[0].product is None
-    rows = mig.parse_lgip((FIXTURES / "a100x3" / "lgip.txt").read_text())
+    rows = mig_smi.parse_lgip((FIXTURES / "a100x3" / "lgip.txt").read_text())
     assert len(rows) == 3 * 7
     table = mig_profiles.PRODUCTS["A100-80GB"].profiles
     for r in rows:  # names, IDs and instance counts in the recording = our table
         assert table[r.name].profile_id == r.profile_id and table[r.name].max_instances == r.total
-    gis = mig.parse_lgi((FIXTURES / "a100x3" / "lgi.txt").read_text())
+    gis = mig_smi.parse_lgi((FIXTURES / "a100x3" / "lgi.txt").read_text())
     assert sorted((g.gpu, g.name, g.start, g.size) for g in gis if g.gpu == 0) == [
         (0, "2g.20gb", 0, 2), (0, "2g.20gb", 2, 2), (0, "3g.40gb", 4, 4)]
-    cis = mig.parse_lci((FIXTURES / "a100x3" / "lci.txt").read_text())
+    cis = mig_smi.parse_lci((FIXTURES / "a100x3" / "lci.txt").read_text())
     assert len(cis) == 9 and {c.gi for c in cis} == {g.gi for g in gis}
-    names, devices = mig.parse_list((FIXTURES / "a100x3" / "L.txt").read_text())
+    names, devices = mig_smi.parse_list((FIXTURES / "a100x3" / "L.txt").read_text())
     assert sorted(names) == [0, 1, 2] and len(devices) == 9
     assert all(d.uuid.startswith("MIG-") for d in devices)
-    assert mig.parse_lgi("No GPU instances found: Not Found\n") == []
+    assert mig_smi.parse_lgi("No GPU instances found: Not Found\n") == []
 
 
 @pytest.mark.data
@@ -292,7 +292,7 @@ def test_plan_against_detected_gpus(tmp_path: Path, stand_in) -> None:
         ["nvidia-smi", "mig", "-i", "0", "-dci", "-gi", "1"], ["nvidia-smi", "mig", "-i", "0", "-dci", "-gi", "5"],
         ["nvidia-smi", "mig", "-i", "0", "-dgi", "-gi", "1"], ["nvidia-smi", "mig", "-i", "0", "-dgi", "-gi", "5"]]
     h100 = parse_testbed({**mig_doc(["3g.40gb"], "H100-80GB")}, base=tmp_path)
-    with pytest.raises(mig.MigError, match="GPU 0 is a A100-80GB .*asks for H100-80GB"):
+    with pytest.raises(mig_smi.MigError, match="GPU 0 is a A100-80GB .*asks for H100-80GB"):
         mig.plan_mig(h100, gpus)
 
 
@@ -310,14 +310,14 @@ def test_apply_reads_back_uuids_and_tears_down(stand_in) -> None:
     changing = [c for c in logged(log) if "-mig" in c or "-cgi" in c]
     assert changing == [c[1:] for c in plan.setup_commands()]  # exactly the planned commands, in order
     uuids = mig.read_back(tb, smi)
-    _, devices = mig.parse_list((FIXTURES / "a100x3" / "L.txt").read_text())
+    _, devices = mig_smi.parse_list((FIXTURES / "a100x3" / "L.txt").read_text())
     assert sorted(uuids.values()) == sorted(d.uuid for d in devices)  # every device used once
     by_uuid = {d.uuid: d for d in devices}
     for s in tb.servers:  # each server got a device of its own GPU and profile
         assert (by_uuid[uuids[s.name]].gpu, by_uuid[uuids[s.name]].profile) == (s.gpu_index, s.profile)
     problems = mig.teardown_entries([{"gpu": i, "gis": gis, "enabled_mig": True} for i, gis in created.items()], smi)
     assert problems == []
-    assert mig.parse_lgi(smi(["mig", "-lgi"], check=False)) == []
+    assert mig_smi.parse_lgi(smi(["mig", "-lgi"], check=False)) == []
     assert all(g.mig_mode == "Disabled" for g in mig.probe_gpus(smi)[0])
     assert [c for c in logged(log) if c[-2:] == ["-mig", "0"]] == [["-i", i, "-mig", "0"] for i in "012"]
 
@@ -327,7 +327,7 @@ def test_gpu_with_foreign_instances_is_refused(stand_in) -> None:
     smi, _, log = stand_in("a100x3_busy")
     plan = mig.plan_mig(load_testbed(TESTBEDS / "paper_mig.yaml"), mig.probe_gpus(smi)[0])
     assert not plan.gpus[0].enable_mig  # MIG already on there
-    with pytest.raises(mig.MigError, match=r"GPU 0 already has MIG GPU instance\(s\) \[1, 5, 6\]"):
+    with pytest.raises(mig_smi.MigError, match=r"GPU 0 already has MIG GPU instance\(s\) \[1, 5, 6\]"):
         mig.apply_gpu(plan.gpus[0], smi, lambda: None, lambda gis: None)
     assert not any("-cgi" in c for c in logged(log))
 

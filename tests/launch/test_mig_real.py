@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from petals_chain.launch import mig, mig_profiles
+from petals_chain.launch import mig, mig_profiles, mig_smi
 from petals_chain.launch import plan as launch_plan
 from petals_chain.launch.__main__ import _mig_plan
 from petals_chain.launch.testbed import load_testbed, parse_testbed
@@ -28,12 +28,12 @@ CHANGING = {"-mig", "-cgi", "-cci", "-dgi", "-dci", "-r", "--gpu-reset", "-pm", 
 
 
 @pytest.fixture
-def real_h100(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[mig.NvidiaSmi, Path]:
+def real_h100(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[mig_smi.NvidiaSmi, Path]:
     """The stand-in nvidia-smi replaying the real H100 recording; its call log."""
     log = tmp_path / "nvsmi.log"
     monkeypatch.setenv("NVSMI_SCENARIO", str(REAL))
     monkeypatch.setenv("NVSMI_LOG", str(log))
-    return mig.NvidiaSmi(str(STAND_IN)), log
+    return mig_smi.NvidiaSmi(str(STAND_IN)), log
 
 
 def calls(log: Path) -> list[list[str]]:
@@ -48,23 +48,23 @@ def h100_doc(gpu_type: str = "H100-80GB", profiles: tuple[str, ...] = ("3g.40gb"
 
 
 def test_recorded_h100_outputs_parse_and_agree_with_the_profile_table() -> None:
-    gpus = mig.parse_query_gpu((REAL / "query_gpu.csv").read_text())
+    gpus = mig_smi.parse_query_gpu((REAL / "query_gpu.csv").read_text())
     assert [(g.index, g.name, g.memory_mib, g.mig_mode) for g in gpus] == [
         (0, "NVIDIA H100 80GB HBM3", 81559.0, "Disabled")]
     assert gpus[0].product is H100
-    names, devices = mig.parse_list((REAL / "L.txt").read_text())
+    names, devices = mig_smi.parse_list((REAL / "L.txt").read_text())
     assert names == {0: ("NVIDIA H100 80GB HBM3", gpus[0].uuid)} and devices == []
-    rows = mig.parse_lgip((REAL / "lgip.txt").read_text())
+    rows = mig_smi.parse_lgip((REAL / "lgip.txt").read_text())
     assert [r.name for r in rows] == list(H100.profiles)  # all seven, in the table's order
     for r in rows:  # IDs and instance counts = the table; the real memory is at least what the name advertises
         prof = H100.profiles[r.name]
         assert (r.gpu, r.profile_id, r.free, r.total) == (0, prof.profile_id, prof.max_instances, prof.max_instances)
         assert r.memory_gib * 2**30 >= prof.memory_bytes
-    places = {p.profile_id: (p.starts, p.size) for p in mig.parse_lgipp((REAL / "lgipp.txt").read_text())}
+    places = {p.profile_id: (p.starts, p.size) for p in mig_smi.parse_lgipp((REAL / "lgipp.txt").read_text())}
     assert places == {p.profile_id: (p.starts, p.memory_slices) for p in H100.profiles.values()}
     no_mig = (REAL / "no_mig.txt").read_text()
-    assert mig.mig_off(no_mig) and mig.parse_lgi(no_mig) == [] and mig.parse_lci(no_mig) == []
-    assert not mig.mig_off((REAL / "lgip.txt").read_text())
+    assert mig_smi.mig_off(no_mig) and mig_smi.parse_lgi(no_mig) == [] and mig_smi.parse_lci(no_mig) == []
+    assert not mig_smi.mig_off((REAL / "lgip.txt").read_text())
 
 
 def test_probe_reads_the_offered_profiles_while_mig_is_off(real_h100) -> None:
@@ -99,7 +99,7 @@ def test_a100_testbed_is_refused_on_the_real_h100(real_h100, tmp_path: Path) -> 
     tb = parse_testbed(h100_doc("A100-80GB"), base=tmp_path)
     assert mig.check_gpus(tb, gpus) == [
         "GPU 0 is a H100-80GB (NVIDIA H100 80GB HBM3); the testbed asks for A100-80GB"]
-    with pytest.raises(mig.MigError, match="asks for A100-80GB"):
+    with pytest.raises(mig_smi.MigError, match="asks for A100-80GB"):
         mig.plan_mig(tb, gpus)
     plan, note, ok = _mig_plan(tb, smi)
     assert not ok and note.startswith("NOT applicable here: GPU 0 is a H100-80GB")
@@ -121,23 +121,23 @@ def test_disagreements_with_the_listing_are_named(real_h100, tmp_path: Path) -> 
 
 
 def test_apply_says_mig_is_off_when_no_profile_is_listed() -> None:
-    class MigOff(mig.NvidiaSmi):
+    class MigOff(mig_smi.NvidiaSmi):
         """Every listing answers as a GPU whose MIG mode is not (yet) enabled."""
 
         def __call__(self, args: list[str], *, check: bool = True) -> str:
-            return mig.NO_MIG_DEVICES + "\n"
+            return mig_smi.NO_MIG_DEVICES + "\n"
 
     g = mig.GpuPlan(0, "H100-80GB", ("3g.40gb",), (0,), (9,), enable_mig=False)
-    with pytest.raises(mig.MigError, match=r"GPU 0: nvidia-smi mig -lgip lists no MIG profiles \(No MIG-enabled "
+    with pytest.raises(mig_smi.MigError, match=r"GPU 0: nvidia-smi mig -lgip lists no MIG profiles \(No MIG-enabled "
                                            r"devices found\.\): MIG is not enabled there"):
         mig.apply_gpu(g, MigOff("/bin/false"), lambda: None, lambda gis: None)
 
 
 def test_the_recording_is_read_only_and_real_errors_come_through(real_h100) -> None:
     smi, log = real_h100
-    with pytest.raises(mig.MigError, match="no recording of .*-mig"):
+    with pytest.raises(mig_smi.MigError, match="no recording of .*-mig"):
         smi(["-i", "0", "-mig", "1"])
-    with pytest.raises(mig.MigError, match=r'exit 2\): Field "virtualization_mode" is not a valid field to query'):
+    with pytest.raises(mig_smi.MigError, match=r'exit 2\): Field "virtualization_mode" is not a valid field to query'):
         smi(["--query-gpu=index,virtualization_mode,addressing_mode", "--format=csv"])
-    assert smi(["mig", "-lgi"], check=False).strip() == mig.NO_MIG_DEVICES
+    assert smi(["mig", "-lgi"], check=False).strip() == mig_smi.NO_MIG_DEVICES
     assert len(calls(log)) == 3
