@@ -1,6 +1,6 @@
 """The tokenizer of a GGUF LLaMA checkpoint as a Hugging Face fast tokenizer: vocabulary, merges, special tokens.
 
-Split from :mod:`petals_chain.checkpoint.gguf_convert`, which converts the weights and calls :func:`save_tokenizer`.
+:mod:`petals_chain.checkpoint.gguf_convert` converts the weights and calls :func:`save_tokenizer`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from petals_chain.checkpoint.gguf_convert import GGUFConvertError, field_value
+from petals_chain.checkpoint.gguf_read import GGUFConvertError, field_value
 
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
@@ -25,9 +25,6 @@ class SpecialTokens:
     unk_id: int | None
     pad_id: int | None
     add_bos: bool
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _byte_level_pre_tokenizer(pre: str, add_prefix_space: bool) -> Any:
