@@ -8,7 +8,7 @@ import numpy as np
 from petals_chain.experiments.common import Summary, plt, write_csv
 from petals_chain.moldable import paper as P
 from petals_chain.moldable.optimal import optimal_allocation
-from petals_chain.moldable.sim import MoldableRun, regime_load, replicate, summarise
+from petals_chain.moldable.sim import MoldableRun, regime_load, replicate_cells, summarise
 from petals_chain.moldable.speedup import SpeedUp
 
 NAME = "moldable_table1"  # file and section name (the results README keys sections by \w+)
@@ -17,33 +17,35 @@ NAME = "moldable_table1"  # file and section name (the results README keys secti
 def run(args) -> Summary:
     """Simulate the 24 cells (quick: 4 runs each, full: the paper's 100), all with the paper's 5e6 arrivals."""
     runs = 4 if args.quick else P.TABLE1_RUNS
-    rows = []
+    keys, cells = [], []
     for speed_name, speed in P.SPEEDUPS.items():
         for regime, (alpha, beta) in P.REGIMES.items():
             lam = regime_load(P.TABLE1_N, alpha, beta)
-            d_star = optimal_allocation(SpeedUp(speed), lam).execution_time
             for k, dist in enumerate(P.DISTS):
-                task = MoldableRun(P.TABLE1_N, lam, speed, "greedy-p", dist, P.TABLE1_ARRIVALS)
-                reps = replicate(task, runs, args.seed, workers=args.workers,
-                                 desc=f"{speed_name} {regime} {dist}")
-                s = summarise(reps)
-                tol_b, tol_d = P.tolerances(dist)
-                pb_paper = P.TABLE1_BLOCKING[speed_name, regime][k]
-                ed_paper = P.TABLE1_EXEC[speed_name, regime][k]
-                rows.append({
-                    "speedup": speed_name, "regime": regime, "alpha": alpha, "beta": beta, "dist": dist,
-                    "load": lam, "optimal_exec_time": d_star, "runs": runs, "arrivals": P.TABLE1_ARRIVALS,
-                    "blocking": s["blocking"].mean, "blocking_ci": s["blocking"].half_width,
-                    "blocking_paper": pb_paper,
-                    "exec_done": s["exec_time_done"].mean, "exec_done_ci": s["exec_time_done"].half_width,
-                    "exec_all": s["exec_time_all"].mean, "exec_all_ci": s["exec_time_all"].half_width,
-                    "exec_paper": ed_paper,
-                    "blocking_ok": abs(s["blocking"].mean - pb_paper) <= tol_b,
-                    "exec_done_ok": abs(s["exec_time_done"].mean - ed_paper) <= tol_d,
-                    "little_rel_err_max": max(r["little_rel_err"] for r in reps),
-                    "work_rel_err_max": max(r["work_rel_err"] for r in reps),
-                    "max_jobs_below_i1": max(r["max_jobs_below_i1"] for r in reps),
-                })
+                keys.append((speed_name, regime, alpha, beta, k, dist, lam, SpeedUp(speed)))
+                cells.append(MoldableRun(P.TABLE1_N, lam, speed, "greedy-p", dist, P.TABLE1_ARRIVALS))
+    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable Table 1 runs")
+    rows = []
+    for (speed_name, regime, alpha, beta, k, dist, lam, sp), reps in zip(keys, grouped):
+        s = summarise(reps)
+        tol_b, tol_d = P.tolerances(dist)
+        pb_paper = P.TABLE1_BLOCKING[speed_name, regime][k]
+        ed_paper = P.TABLE1_EXEC[speed_name, regime][k]
+        rows.append({
+            "speedup": speed_name, "regime": regime, "alpha": alpha, "beta": beta, "dist": dist,
+            "load": lam, "optimal_exec_time": optimal_allocation(sp, lam).execution_time, "runs": runs,
+            "arrivals": P.TABLE1_ARRIVALS,
+            "blocking": s["blocking"].mean, "blocking_ci": s["blocking"].half_width,
+            "blocking_paper": pb_paper,
+            "exec_done": s["exec_time_done"].mean, "exec_done_ci": s["exec_time_done"].half_width,
+            "exec_all": s["exec_time_all"].mean, "exec_all_ci": s["exec_time_all"].half_width,
+            "exec_paper": ed_paper,
+            "blocking_ok": abs(s["blocking"].mean - pb_paper) <= tol_b,
+            "exec_done_ok": abs(s["exec_time_done"].mean - ed_paper) <= tol_d,
+            "little_rel_err_max": max(r["little_rel_err"] for r in reps),
+            "work_rel_err_max": max(r["work_rel_err"] for r in reps),
+            "max_jobs_below_i1": max(r["max_jobs_below_i1"] for r in reps),
+        })
     write_csv(args.out / f"{NAME}.csv", rows)
     _plot(rows, args.out / f"{NAME}.png", runs)
     lines = [f"{runs} runs × {P.TABLE1_ARRIVALS:.0e} arrivals per cell, n = {P.TABLE1_N}, start empty; "
@@ -52,8 +54,7 @@ def run(args) -> Summary:
              f"P_b within tolerance (±0.0005, Pareto ±0.002) in {sum(r['blocking_ok'] for r in rows)}/{len(rows)} "
              f"cells; E[D] 'done' within (±0.0005, Pareto ±0.005) in {sum(r['exec_done_ok'] for r in rows)}/"
              f"{len(rows)}",
-             f"largest relative error of Little's law {max(r['little_rel_err_max'] for r in rows):.1e}, of "
-             f"λ(1-P_b) = E[r] {max(r['work_rel_err_max'] for r in rows):.1e} (every run)",
+             _law_errors(rows),
              f"the same table in Markdown: [{NAME}.md]({NAME}.md)"]
     table = ["| speed-up | regime | law | P_b (ours) | P_b (paper) | E[D] done (ours) | E[D] all (ours) | "
              "E[D] (paper) | D* |", "|---|---|---|---|---|---|---|---|---|"]
@@ -73,6 +74,17 @@ def run(args) -> Summary:
                    ["Table 1 (100 runs × first 5·10⁶ arrivals): see the 'paper' columns above; the values below D* "
                     "for Exp/ME/Pareto come from the 'done' estimator censoring long jobs"],
                    {"rows": rows})
+
+
+def _law_errors(rows: list[dict]) -> str:
+    """Largest relative errors of the time-averaged laws, light-tailed laws apart from Pareto (infinite variance)."""
+    def worst(key: str, pareto: bool) -> float:
+        return max(r[key] for r in rows if (r["dist"] == "pareto") == pareto)
+
+    return (f"largest relative error over every run of Little's law: {worst('little_rel_err_max', False):.1e} "
+            f"(Exp/Det/ME), {worst('little_rel_err_max', True):.1e} (Pareto); of λ(1-P_b) = E[r]: "
+            f"{worst('work_rel_err_max', False):.1e}, {worst('work_rel_err_max', True):.1e} (the sample-path "
+            "identities hold to 1e-9 in every run)")
 
 
 def _plot(rows: list[dict], path, runs: int) -> None:

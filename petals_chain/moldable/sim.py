@@ -113,6 +113,27 @@ def replicate(run: MoldableRun, runs: int, seed: int, *, workers: int | None = N
     return run_replications(run, runs, seed, workers=workers, progress=progress, desc=desc)
 
 
+@dataclass(frozen=True)
+class CellBatch:
+    """Several configurations × ``runs`` replications as one picklable task, so one process pool serves them all:
+    replication index r runs cell r // runs (each replication still gets its own spawned seed)."""
+
+    cells: tuple[MoldableRun, ...]
+    runs: int
+
+    def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+        cell, rep = divmod(index, self.runs)
+        return {"cell": cell, **self.cells[cell](seed, rep)}
+
+
+def replicate_cells(cells: list[MoldableRun], runs: int, seed: int, *, workers: int | None = None,
+                    progress: bool = True, desc: str = "moldable runs") -> list[list[dict[str, Any]]]:
+    """``runs`` replications of every cell in one pool; returns the rows grouped by cell, in order."""
+    rows = run_replications(CellBatch(tuple(cells), runs), len(cells) * runs, seed, workers=workers,
+                            progress=progress, desc=desc)
+    return [rows[c * runs:(c + 1) * runs] for c in range(len(cells))]
+
+
 def summarise(rows: list[dict[str, Any]], keys: tuple[str, ...] = ("blocking", "exec_time_done", "exec_time_all"),
               ) -> dict[str, Summary]:
     """Student-t 95 % CIs of the main measures over replications."""

@@ -8,7 +8,8 @@ import pytest
 from petals_chain.model import SpecError
 from petals_chain.moldable import kernel as K
 from petals_chain.moldable.optimal import LoadError
-from petals_chain.moldable.sim import InvariantError, MoldableRun, measures, regime_load, replicate, summarise
+from petals_chain.moldable.sim import (InvariantError, MoldableRun, measures, regime_load, replicate,
+                                      replicate_cells, summarise)
 from petals_chain.moldable.speedup import from_table, linear
 
 SUB = (1.0, 1.8, 2.5, 3.0, 3.4)
@@ -80,3 +81,12 @@ def test_bad_simulation_input() -> None:
         regime_load(100, 0.5, 20)
     with pytest.raises(LoadError, match="load"):
         MoldableRun(100, 1.5, SUB)
+
+
+def test_replicate_cells_groups_rows_and_matches_single_runs() -> None:
+    cells = [MoldableRun(100, 0.8, SUB, "greedy", "exp", 2000), MoldableRun(50, 0.5, SUB, "greedy-p", "det", 1000)]
+    grouped = replicate_cells(cells, 3, 9, workers=1, progress=False)
+    assert [[(r["cell"], r["replication"]) for r in g] for g in grouped] == [[(c, k) for k in range(3)] for c in (0, 1)]
+    seeds = np.random.SeedSequence(9).spawn(6)
+    assert grouped[1][2]["blocking"] == cells[1](seeds[5], 2)["blocking"]
+    assert grouped[0][0]["blocking"] != grouped[0][1]["blocking"]
