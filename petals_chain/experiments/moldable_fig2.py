@@ -103,8 +103,10 @@ def _plot(rows: list[dict], path, runs: int, arrivals: int) -> None:
         axes[0, col].set_ylabel("P_b")
         axes[1, col].set_ylabel("E[D]")
         axes[1, col].set_xlabel("servers n")
+        ns = sorted({r["n"] for r in rows})
         for ax in axes[:, col]:
             ax.set_xscale("log")
+            ax.set_xlim(ns[0] / 1.4, ns[-1] * 1.4)
     axes[0, 0].legend()
     axes[1, 0].legend(fontsize=7)
     fig.suptitle(f"Fig. 2: greedy(p*) vs greedy, Exp sizes ({runs} runs × {arrivals:.0e} arrivals per point)")
