@@ -51,6 +51,7 @@ def run(args) -> Summary:
 
 
 def _series(rows: list[dict], speed: str, regime: str, scheme: str, key: str) -> list[float]:
+    """Column ``key`` of one curve (speed-up, regime, scheme), in order of n."""
     return [r[key] for r in rows if r["speedup"] == speed and r["regime"] == regime and r["scheme"] == scheme]
 
 

@@ -79,6 +79,7 @@ def run(args) -> Summary:
 def _law_errors(rows: list[dict]) -> str:
     """Largest relative errors of the time-averaged laws, light-tailed laws apart from Pareto (infinite variance)."""
     def worst(key: str, pareto: bool) -> float:
+        """Largest value of ``key`` over the Pareto cells or over the others."""
         return max(r[key] for r in rows if (r["dist"] == "pareto") == pareto)
 
     return (f"largest relative error over every run of Little's law: {worst('little_rel_err_max', False):.1e} "

@@ -28,10 +28,12 @@ def _speedup(text: str) -> SpeedUp:
 
 
 def _fmt(v: np.ndarray) -> str:
+    """A vector as (a, b, ...) with 6 significant digits."""
     return "(" + ", ".join(f"{x:.6g}" for x in v) + ")"
 
 
 def _optimal(args: argparse.Namespace) -> int:
+    """`moldable optimal`: print y*, p*, D* (or one JSON object)."""
     sp = _speedup(args.speedup)
     alloc = optimal_allocation(sp, args.load)
     if args.json:
@@ -48,12 +50,14 @@ def _optimal(args: argparse.Namespace) -> int:
 
 
 def _float(name: str, value: float) -> float:
+    """``value`` if finite, else a SpecError naming ``name``."""
     if not math.isfinite(value):
         raise SpecError(f"{name}: must be finite, got {value!r}")
     return value
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    """`moldable simulate`: replications on all cores, then P_b and both E[D] estimators with 95 % CIs."""
     sp = _speedup(args.speedup)
     if args.runs < 1:
         raise SpecError(f"runs: must be >= 1, got {args.runs}")

@@ -96,6 +96,7 @@ class JobClass:
     mean_size: float = 1.0
 
     def __post_init__(self) -> None:
+        """Arrival rate and mean size must be finite and positive."""
         for name in ("arrival_rate", "mean_size"):
             v = getattr(self, name)
             if not (np.isfinite(v) and v > 0):

@@ -40,6 +40,7 @@ class MoldableDispatch:
     """
 
     def __init__(self, n: int, speedup: SpeedUp, load: float, scheme: str, rng: np.random.Generator) -> None:
+        """n idle servers; p from the scheme at this load; all draws from ``rng``."""
         if int(n) != n or n < 1:
             raise SpecError(f"n: must be an integer >= 1, got {n!r}")
         self.name = scheme

@@ -46,6 +46,7 @@ class MoldableRun:
     arrivals: int = 5_000_000
 
     def __post_init__(self) -> None:
+        """Refuse a bad n, size law, arrival count, load or scheme before any run starts."""
         if int(self.n) != self.n or self.n < 1:
             raise SpecError(f"n: must be an integer >= 1, got {self.n!r}")
         if self.dist not in K.DISTS:
@@ -122,6 +123,7 @@ class CellBatch:
     runs: int
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+        """Run replication ``index`` of cell ``index // runs``; the row says which cell."""
         cell, rep = divmod(index, self.runs)
         return {"cell": cell, **self.cells[cell](seed, rep)}
 

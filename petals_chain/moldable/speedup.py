@@ -23,6 +23,7 @@ class SpeedUp:
     s: tuple[float, ...]
 
     def __post_init__(self) -> None:
+        """Check P1 (s_1 = 1, strictly increasing) and P2 (concave); store the entries as floats."""
         s = np.asarray(self.s, dtype=float)
         if s.ndim != 1 or s.size < 1:
             raise SpeedUpError("speedup: give at least s_1")

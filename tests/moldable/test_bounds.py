@@ -1,4 +1,4 @@
-"""The Stein bounds: the spec's numbers, and a simulated greedy(p*) inside them when |I*| = 1."""
+"""The Stein bounds: their values at n = 4000, and a simulated greedy(p*) inside them when |I*| = 1."""
 
 from __future__ import annotations
 
