@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from petals_chain.experiments.common import Summary, plt, write_csv
 from petals_chain.moldable import paper as P
+from petals_chain.moldable.bounds import stein_bounds
 from petals_chain.moldable.optimal import optimal_allocation
 from petals_chain.moldable.sim import MoldableRun, regime_load, replicate_cells, summarise
 from petals_chain.moldable.speedup import SpeedUp
@@ -74,6 +75,14 @@ def _lines(rows: list[dict], sizes: tuple[int, ...], runs: int, arrivals: int) -
     out.append("sub-linear MF, greedy(p*) E[D] − D* (all admitted jobs): " + " / ".join(f"{g:.4f}" for g in gap))
     ge = _series(rows, "sub-linear", "MF", "greedy", "exec_all")
     out.append("sub-linear MF, greedy E[D]: " + " / ".join(f"{g:.4f}" for g in ge) + " (1/s_5 = 0.2941)")
+    for regime in ("HW", "super-HW"):  # |I*| = 1 for the linear speed-up: the Stein bound on P_b is not vacuous
+        sim = _series(rows, "linear", regime, "greedy-p", "blocking")
+        ns = _series(rows, "linear", regime, "greedy-p", "n")
+        bound = [stein_bounds(SpeedUp(P.SPEEDUPS["linear"]), n, regime_load(n, *P.REGIMES[regime])).blocking
+                 for n in ns]
+        out.append(f"linear {regime}: Stein bound on P_b " + " / ".join(f"{b:.3f}" for b in bound)
+                   + " vs simulated " + " / ".join(f"{s:.4f}" for s in sim)
+                   + f" ({'all inside' if all(s <= b for s, b in zip(sim, bound)) else 'VIOLATED'})")
     worst = max(r["little_rel_err_max"] for r in rows)
     out.append(f"largest relative error of Little's law over every run: {worst:.1e} "
                "(time average vs per-job mean; the gap is the jobs in service at the end, ≈ E[D] / horizon)")
