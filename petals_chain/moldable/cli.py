@@ -97,7 +97,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--load", type=float, required=True, help="per-server load λ in (0, 1]")
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.set_defaults(func=_optimal)
-    s = msub.add_parser("simulate", help="simulate the loss system; blocking and execution time with 95 % CIs")
+    s = msub.add_parser("simulate", help="simulate the loss system; blocking and execution time with 95 %% CIs")
     s.add_argument("--n", type=int, default=4000, help="servers (default 4000)")
     s.add_argument("--alpha", type=float, default=0.5, help="λ = 1 - β n^-α (default α = 0.5)")
     s.add_argument("--beta", type=float, default=0.1, help="(default β = 0.1)")

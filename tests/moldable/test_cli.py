@@ -46,3 +46,11 @@ def test_simulate_prints_intervals(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_compose_subcommand_still_there() -> None:
     assert build_parser().parse_args(["compose", "x.yaml"]).command == "compose"
+
+
+@pytest.mark.parametrize("argv", [["moldable", "--help"], ["moldable", "optimal", "--help"],
+                                  ["moldable", "simulate", "--help"], ["--help"]])
+def test_help_renders(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
