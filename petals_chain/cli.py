@@ -1,4 +1,5 @@
-"""Command line: `python -m petals_chain compose CLUSTER.yaml [--c N | --tune ...] [--json]`."""
+"""Command line: `python -m petals_chain compose CLUSTER.yaml [--c N | --tune ...] [--json]` and
+`python -m petals_chain moldable optimal|simulate ...` (petals_chain/moldable/cli.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="criterion that picks c (default: the Theorem 3.7 lower bound)")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     c.set_defaults(func=_compose)
+    from petals_chain.moldable.cli import add_parser as add_moldable
+
+    add_moldable(sub)
     return p
 
 

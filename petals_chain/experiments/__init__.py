@@ -18,6 +18,8 @@ EXPERIMENTS: dict[str, str] = {
     "fig7": "fig7_c_star",
     "fig8": "fig8_overall",
     "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
+    "moldable-table1": "moldable_table1",  # moldable jobs (docs/moldable.md); writes results/moldable_table1.*
+    "moldable-fig2": "moldable_fig2",
 }
 
 

@@ -1,0 +1,169 @@
+"""The numba kernel of the moldable loss system: Poisson arrivals, n unit servers, allocation min(I, idle) with
+I ~ p, departures in a binary heap, time-averaged occupancy and both execution-time estimators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from petals_chain.sim.kernels import njit
+
+DISTS = {"exp": 0, "det": 1, "erlang": 2, "pareto": 3}
+# out[] layout of the kernel's scalar results
+(ARRIVALS, BLOCKED, ADMITTED, SUM_D, SUM_S, DONE, DONE_D, HORIZON, MAX_BELOW, MAX_K, OVERFLOW, AREA_N_END,
+ REMAIN_D, REMAIN_R, DONE_S, NOUT) = range(16)
+
+
+@njit(cache=True)
+def _draw_size(rng, dist):
+    """One job size of unit mean: Exp(1), 1, 0.4 Erlang-1 + 0.6 Erlang-2 at rate 1.6, or Pareto U^(-2/3)/3."""
+    if dist == 0:
+        return rng.exponential(1.0)
+    if dist == 1:
+        return 1.0
+    if dist == 2:
+        if rng.random() < 0.4:
+            return rng.exponential(1.0 / 1.6)
+        return rng.gamma(2.0, 1.0 / 1.6)
+    return (1.0 - rng.random()) ** (-2.0 / 3.0) / 3.0
+
+
+@njit(cache=True)
+def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, area, out):
+    """Simulate ``n_arrivals`` arrivals from an empty system; fill ``area`` (per server count) and ``out``.
+
+    ``cum_p[i-1]`` = P(I <= i); ``below``: count jobs holding fewer servers than this (Lemma 2's check).
+    ``area[i-1]`` = ∫ (jobs on i servers) dt over [0, last arrival].
+    """
+    d = speed.shape[0]
+    ht = np.empty(n)
+    hd = np.empty(n)
+    hk = np.empty(n, np.int64)
+    cnt = np.zeros(d, np.int64)
+    size = 0
+    busy = 0
+    n_below = 0
+    max_below = 0
+    max_k = 0
+    overflow = 0
+    blocked = 0
+    admitted = 0
+    sum_d = 0.0
+    sum_s = 0.0
+    done = 0
+    done_d = 0.0
+    done_s = 0.0
+    t = 0.0
+    t_prev = 0.0
+    mean_gap = 1.0 / total_rate
+    for _ in range(n_arrivals):
+        t = t + rng.exponential(mean_gap)
+        while size > 0 and ht[0] <= t:
+            td = ht[0]
+            dd = hd[0]
+            kk = hk[0]
+            dt = td - t_prev
+            for i in range(d):
+                area[i] += cnt[i] * dt
+            t_prev = td
+            cnt[kk - 1] -= 1
+            busy -= kk
+            if kk < below:
+                n_below -= 1
+            done += 1
+            done_d += dd
+            done_s += dd * speed[kk - 1]
+            # pop: move the last entry down from the root
+            size -= 1
+            if size > 0:
+                lt = ht[size]
+                ld = hd[size]
+                lk = hk[size]
+                pos = 0
+                while True:
+                    c = 2 * pos + 1
+                    if c >= size:
+                        break
+                    if c + 1 < size and ht[c + 1] < ht[c]:
+                        c += 1
+                    if ht[c] < lt:
+                        ht[pos] = ht[c]
+                        hd[pos] = hd[c]
+                        hk[pos] = hk[c]
+                        pos = c
+                    else:
+                        break
+                ht[pos] = lt
+                hd[pos] = ld
+                hk[pos] = lk
+        dt = t - t_prev
+        for i in range(d):
+            area[i] += cnt[i] * dt
+        t_prev = t
+        idle = n - busy
+        if idle <= 0:
+            blocked += 1
+            continue
+        u = rng.random()
+        k = d
+        for i in range(d):
+            if u < cum_p[i]:
+                k = i + 1
+                break
+        if k > idle:
+            k = idle
+        s = _draw_size(rng, dist)
+        dur = s / speed[k - 1]
+        admitted += 1
+        sum_d += dur
+        sum_s += s
+        cnt[k - 1] += 1
+        busy += k
+        if busy > n:
+            overflow += 1
+        if k > max_k:
+            max_k = k
+        if k < below:
+            n_below += 1
+            if n_below > max_below:
+                max_below = n_below
+        # push
+        pos = size
+        size += 1
+        tdep = t + dur
+        while pos > 0:
+            parent = (pos - 1) >> 1
+            if ht[parent] <= tdep:
+                break
+            ht[pos] = ht[parent]
+            hd[pos] = hd[parent]
+            hk[pos] = hk[parent]
+            pos = parent
+        ht[pos] = tdep
+        hd[pos] = dur
+        hk[pos] = k
+    remain_d = 0.0
+    remain_r = 0.0
+    for e in range(size):
+        elapsed = t - (ht[e] - hd[e])
+        remain_d += elapsed
+        remain_r += elapsed * speed[hk[e] - 1]
+    out[ARRIVALS] = n_arrivals
+    out[BLOCKED] = blocked
+    out[ADMITTED] = admitted
+    out[SUM_D] = sum_d
+    out[SUM_S] = sum_s
+    out[DONE] = done
+    out[DONE_D] = done_d
+    out[DONE_S] = done_s
+    out[HORIZON] = t
+    out[MAX_BELOW] = max_below
+    out[MAX_K] = max_k
+    out[OVERFLOW] = overflow
+    out[AREA_N_END] = size
+    out[REMAIN_D] = remain_d
+    out[REMAIN_R] = remain_r
+
+
+def new_outputs(d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zeroed ``area`` (length d) and ``out`` arrays for one kernel call."""
+    return np.zeros(d), np.zeros(NOUT)
