@@ -460,7 +460,9 @@ def test_relay_delays_measured_between_namespaces_and_server_hook(tmp_path: Path
         assert env[b"PETALS_CHAIN_MEMORY_BUDGET_BYTES"] == b"2000000" and env[b"PETALS_CHAIN_SPEED_FACTOR"] == b"0.5"
         from petals_chain.launch import echo
         rtts = echo.probe(ep.address, ep.port, count=5)
-        assert abs(sorted(rtts)[2] - 0.060) <= 0.003
+        # Scheduling delays on a loaded machine only ever add time: the fastest echo is the relay's own delay, and
+        # none may come back sooner than the configured 60 ms.
+        assert min(rtts) >= 0.060 - 0.0005 and abs(min(rtts) - 0.060) <= 0.003, rtts
         pgids = list(launch.record.pgids)
         assert _alive_groups(pgids)
     finally:
