@@ -273,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(t0, f"waiting mean {sum(waits) / len(waits):.2f} s (max {max(waits):.2f} s), service mean "
                     f"{sum(services) / len(services):.2f} s; after the burst: {health['free']}/{health['capacity']} "
                     f"slots free, queue {health['queue_length']}")
-        summary = {"model_dir": str(args.model_dir), "servers": [p.__dict__ for p in plans],
+        model_dir = Path(args.model_dir).resolve()
+        summary = {"model_dir": str(model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir), "servers": [p.__dict__ for p in plans],
                    "composition": composition, "burst_s": burst_s, "per_chain": per_chain,
                    "requests": rows, "after": health}
         for path in write_outputs(Path(args.out), rows, summary):
