@@ -274,7 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{sum(services) / len(services):.2f} s; after the burst: {health['free']}/{health['capacity']} "
                     f"slots free, queue {health['queue_length']}")
         model_dir = Path(args.model_dir).resolve()
-        summary = {"model_dir": str(model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir), "servers": [p.__dict__ for p in plans],
+        shown_dir = model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir
+        summary = {"model_dir": str(shown_dir), "servers": [p.__dict__ for p in plans],
                    "composition": composition, "burst_s": burst_s, "per_chain": per_chain,
                    "requests": rows, "after": health}
         for path in write_outputs(Path(args.out), rows, summary):
