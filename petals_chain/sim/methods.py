@@ -20,11 +20,12 @@ from typing import Any
 from petals_chain.compose.bprr import bprr_concurrency, cg_bp
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS, petals_placement
+from petals_chain.compose.routes import RouteGraph
 from petals_chain.compose.tuning import compose
 from petals_chain.compose.whole_model import whole_model_composition
 from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
 from petals_chain.sim.engine import SimResult, simulate
-from petals_chain.sim.baselines import RouteGraph, simulate_bprr, simulate_petals
+from petals_chain.sim.baselines import simulate_bprr, simulate_petals
 from petals_chain.sim.workloads import Workload
 
 METHODS: tuple[str, ...] = ("proposed", "jffc_only", "petals", "bprr", "bprr_oracle")
