@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.dispatch.base import Start, check_chains
+from petals_chain.dispatch.rules import fastest_free, migration_source, speed_order
 
 
 class JFFCMigration:
@@ -18,6 +19,8 @@ class JFFCMigration:
     slowest busy chain s is strictly slower than k, its longest-resident job
     moves to k (``Start(job, k, migrated_from=s)``). With exponential sizes the
     number in system is then the birth-death chain of the lower bound ν̄_n.
+    The decisions are :func:`~petals_chain.dispatch.rules.fastest_free` and
+    :func:`~petals_chain.dispatch.rules.migration_source`, as in the simulator's kernel.
     Deterministic: ``rng`` is accepted for a uniform factory signature, never drawn.
     """
 
@@ -27,19 +30,20 @@ class JFFCMigration:
         self, rates: Sequence[float], capacities: Sequence[int], rng: np.random.Generator | None = None
     ) -> None:
         self.rates, self.capacities = check_chains(rates, capacities)
-        self._by_rank = sorted(range(len(self.rates)), key=lambda k: (-self.rates[k], k))
-        self._busy = [0] * len(self.rates)
+        self._by_rank, _ = speed_order(self.rates)
+        self._rates = np.asarray(self.rates, dtype=np.float64)
+        self._caps = np.asarray(self.capacities, dtype=np.int64)
+        self._busy = np.zeros(len(self.rates), dtype=np.int64)
         self._jobs_on: list[dict[int, None]] = [{} for _ in self.rates]  # insertion order = residence order
         self._queue: deque[int] = deque()
 
     def on_arrival(self, job: int, now: float = 0.0) -> list[Start]:
-        for k in self._by_rank:
-            if self._busy[k] < self.capacities[k]:
-                self._busy[k] += 1
-                self._jobs_on[k][job] = None
-                return [Start(job, k)]
-        self._queue.append(job)
-        return []
+        k = fastest_free(self._busy, self._caps, self._by_rank)
+        if k < 0:
+            self._queue.append(job)
+            return []
+        self._jobs_on[k][job] = None
+        return [Start(job, k)]
 
     def on_departure(self, job: int, chain: int, now: float = 0.0) -> list[Start]:
         resident = self._jobs_on[chain]
@@ -51,8 +55,8 @@ class JFFCMigration:
             resident[nxt] = None
             return [Start(nxt, chain)]
         self._busy[chain] -= 1
-        slowest = next((s for s in reversed(self._by_rank) if self._busy[s] > 0), None)
-        if slowest is None or not self.rates[slowest] < self.rates[chain]:
+        slowest = migration_source(self._busy, self._rates, self._by_rank, chain)
+        if slowest < 0:
             return []
         mover = next(iter(self._jobs_on[slowest]))
         del self._jobs_on[slowest][mover]
@@ -65,4 +69,4 @@ class JFFCMigration:
         return len(self._queue)
 
     def occupancy(self) -> list[int]:
-        return list(self._busy)
+        return self._busy.tolist()

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from petals_chain.dispatch.per_chain import PerChainFCFS, pick
+from petals_chain.dispatch.per_chain import PerChainFCFS
+from petals_chain.dispatch.rules import SED_CODE
 
 
 class SED(PerChainFCFS):
     """Join the chain minimising 1/μ_l + (Z_l - c_l + 1)⁺ / (μ_l c_l); ties broken uniformly at random."""
 
     name = "SED"
-
-    def choose(self, u: float) -> int:
-        best = 0.0
-        ties: list[int] = []
-        for k, (mu, c) in enumerate(zip(self.rates, self.capacities)):
-            key = 1.0 / mu + max(self.number_at(k) - c + 1, 0) / (mu * c)
-            if not ties or key < best:
-                best = key
-                ties = [k]
-            elif key == best:
-                ties.append(k)
-        return pick(ties, u)
+    code = SED_CODE

@@ -27,22 +27,27 @@ and ``petals/client/inference_session.py`` (petals 2.2):
   * there is no central queue: a departure wakes nobody, waiting sessions only
     notice free cache at their next retry.
 
-BPRR WS-RR (:func:`simulate_bprr`), after Sun et al. (Performance Evaluation 2025):
-  * each server's M̃_j slots form a calendar: slot q is free from time F_jq on
-    (the end of the job that holds or is committed to it); the scheduler knows
-    every job's exact end time (its size), the most favourable reading for BPRR;
+BPRR WS-RR (:func:`simulate_bprr`), after Sun et al. (Performance Evaluation 2025); the policy itself
+(routing decision, believed calendar, commit FIFO, start rule, learning) is
+:mod:`petals_chain.dispatch.ws_rr`, which the live orchestrator's
+:class:`~petals_chain.orchestrator.ws_rr_leases.WsRrLeaseManager` drives too:
+  * each server's M̃_j slots form a calendar: slot q is believed free from time F_jq on;
   * per request, on arrival, Dijkstra with edge cost w_j(m_ij) + τc_j + τp_j·m_ij,
     where w_j(m) = (m-th smallest F_jq − now)⁺ is the wait until m slots free at j;
-  * the request is committed to that path at once and starts at
+  * the request is committed to that path at once, believed to start at
     S = max(now, max over hops of the m_ij-th smallest F_jq), when every hop has
-    its cache; at each hop it takes the m_ij slots with the latest F_jq ≤ S (best
-    fit) and sets them to its end time. Committed slots are never lent to later
-    requests in the meantime (no backfilling), so requests start in commit order
-    per slot and nothing is ever over-committed.
-  * ``estimate="mean"`` drops the size oracle: the scheduler believes every job
-    has the mean size (it learns real starts and ends as they happen), and a
-    committed request really starts when it heads the FIFO of committed
-    requests at each of its servers and each has its m_ij slots free.
+    its cache; at each hop it reserves the m_ij slots with the latest F_jq ≤ S (best
+    fit) and sets them to its believed end. Committed slots are never lent to later
+    requests in the meantime (no backfilling).
+  * ``estimate="mean"`` (the default of the fig8 ``bprr`` method, and what the
+    live orchestrator runs): the scheduler believes every job has the mean size
+    (it learns real starts and ends as they happen), and a committed request
+    really starts when it heads the FIFO of committed requests at each of its
+    servers and each has its m_ij slots free (:class:`~petals_chain.dispatch.ws_rr.WsRr`);
+  * ``estimate="exact"`` (the oracle, simulator only): the scheduler knows every
+    job's size, so the calendar is exact and every job starts at its S, taking the
+    reserved slots; the most favourable reading for BPRR. It shares WS-RR's
+    routing decision and best fit and runs as one numba loop.
 
 Both simulators record the same per-job records as the chain engine
 (:data:`~petals_chain.sim.engine.RECORD_DTYPE`; ``chain`` is the index of the
@@ -53,6 +58,7 @@ a run that over-commits any server raises :class:`SimulationError`.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Sequence
@@ -60,9 +66,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from petals_chain.compose.capacity import cache_slots
-from petals_chain.compose.paths import group_by_end, route_dp
-from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
+from petals_chain.compose.routes import Route, RouteGraph
+from petals_chain.dispatch.ws_rr import WsRr, best_fit_slots, ws_rr_route
+from petals_chain.model import InfeasibleError
 from petals_chain.sim.engine import LITTLE_RTOL, SimResult, SimulationError, build_records
 from petals_chain.sim.workloads import Workload
 
@@ -75,12 +81,18 @@ ALLOC_DELAY_S = 10.0  # PETALS' routing penalty for a span lacking free cache
 MIN_BACKOFF_S = 1.0  # PETALS ClientConfig.min_backoff
 MAX_BACKOFF_S = 60.0  # PETALS ClientConfig.max_backoff
 
-Route = tuple[tuple[int, int], ...]  # ((server index, blocks processed there), ...) in block order
+__all__ = ["BPRR_ESTIMATES", "Route", "RouteGraph", "SystemResult", "backoff_s", "cache_use_peaks", "simulate_bprr",
+           "simulate_petals"]
 
 
-def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, num_blocks, free_at,
-               start_out, end_out, hop_servers, hop_blocks, num_hops):
-    """BPRR WS-RR over all arrivals (see the module docstring); returns -1 on success, else the unroutable job."""
+def _bprr_exact_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, num_blocks, free_at,
+                     start_out, end_out, hop_servers, hop_blocks, num_hops):
+    """BPRR WS-RR told every job's size, over all arrivals; returns -1 on success, else the unroutable job.
+
+    ``free_at[j]`` is local server j's calendar, kept sorted; the routing decision and the best fit are WS-RR's
+    own (:func:`~petals_chain.dispatch.ws_rr.ws_rr_route`, :func:`~petals_chain.dispatch.ws_rr.best_fit_slots`),
+    and every job starts at its calendar start S, which is exact here.
+    """
     n = arrival.shape[0]
     L1 = num_blocks + 1
     dist = np.empty(L1 + 1, dtype=np.float64)
@@ -89,30 +101,20 @@ def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, nu
     penalty = np.zeros(first.shape[0], dtype=np.float64)
     hs = np.empty(hop_servers.shape[1], dtype=np.int64)
     hb = np.empty(hop_servers.shape[1], dtype=np.int64)
+    pick = np.empty(free_at.shape[1], dtype=np.int64)
     for i in range(n):
-        now = arrival[i]
-        hops = route_dp(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at, now,
-                              True, dist, best_server, best_prev, hs, hb)
+        hops, s, t_path = ws_rr_route(first, end, tau_c, tau_p, slots, order, starts, num_blocks, penalty, free_at,
+                                      arrival[i], dist, best_server, best_prev, hs, hb)
         if hops == 0:
             return i
-        s = now
-        t_path = 0.0
-        for h in range(hops):
-            j = hs[h]
-            m = hb[h]
-            if free_at[j, m - 1] > s:
-                s = free_at[j, m - 1]
-            t_path += tau_c[j] + tau_p[j] * m
         e_time = s + size[i] * t_path
         for h in range(hops):
             j = hs[h]
             m = hb[h]
             k = slots[j]
-            cnt = 0  # slots free by s: a prefix of the sorted calendar
-            while cnt < k and free_at[j, cnt] <= s:
-                cnt += 1
-            for q in range(cnt - m, cnt):
-                free_at[j, q] = e_time
+            best_fit_slots(free_at[j], k, s, m, pick)
+            for x in range(m):
+                free_at[j, pick[x]] = e_time
             free_at[j, :k] = np.sort(free_at[j, :k])
             hop_servers[i, h] = j
             hop_blocks[i, h] = m
@@ -123,83 +125,9 @@ def _bprr_loop(arrival, size, first, end, tau_c, tau_p, slots, order, starts, nu
 
 
 if _njit is not None:
-    _bprr_loop_fast = _njit(cache=True)(_bprr_loop)
+    _bprr_exact_loop_fast = _njit(cache=True)(_bprr_exact_loop)
 else:  # pragma: no cover
-    _bprr_loop_fast = _bprr_loop
-
-
-@dataclass(frozen=True)
-class RouteGraph:
-    """The feasible-edge DAG of a placement as arrays (hosting servers only), ready for per-request routing."""
-
-    servers: tuple[ServerSpec, ...]
-    model: ModelSpec
-    placement: Placement
-    slots: np.ndarray  # M̃_j of every server (all servers, placement order)
-    index: np.ndarray  # local id -> server index, hosting servers only
-    first: np.ndarray
-    end: np.ndarray
-    span: np.ndarray
-    tau_c: np.ndarray
-    tau_p: np.ndarray
-    local_slots: np.ndarray
-    order: np.ndarray
-    starts: np.ndarray
-
-    @classmethod
-    def build(cls, servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement,
-              slots: Sequence[int] | None = None) -> RouteGraph:
-        """Arrays of the placement's DAG; ``slots`` defaults to M̃_j = ⌊(M_j − s_m m_j)/s_c⌋ (eq. 3)."""
-        servers = validate_servers(servers)
-        if placement.num_servers != len(servers):
-            raise SpecError(f"placement has {placement.num_servers} servers but {len(servers)} were given")
-        placement.check_for(model)
-        all_slots = np.array(cache_slots(servers, model, placement) if slots is None else list(slots), dtype=np.int64)
-        if all_slots.shape != (len(servers),):
-            raise SpecError(f"slots: expected {len(servers)} values, got {all_slots.shape[0]}")
-        if np.any(all_slots < 0):
-            bad = int(np.argmax(all_slots < 0))
-            raise InfeasibleError(f"server {servers[bad].name!r} holds more blocks than its memory allows")
-        hosting = [j for j in range(len(servers)) if placement.num_blocks[j] > 0]
-        idx = np.array(hosting, dtype=np.int64)
-        first = np.array([placement.first_block[j] for j in hosting], dtype=np.int64)
-        end = np.array([placement.end(j) for j in hosting], dtype=np.int64)
-        covered = np.zeros(model.num_blocks + 2, dtype=bool)
-        for a, e in zip(first, end):
-            covered[a:e] = True
-        if not covered[1:model.num_blocks + 1].all():
-            missing = int(np.argmin(covered[1:model.num_blocks + 1])) + 1
-            raise InfeasibleError(f"placement leaves block {missing} of {model.num_blocks} on no server")
-        order, starts = group_by_end(end, model.num_blocks)
-        return cls(servers, model, placement, all_slots, idx, first, end, end - first,
-                   np.array([servers[j].tau_c_s for j in hosting], dtype=np.float64),
-                   np.array([servers[j].tau_p_s for j in hosting], dtype=np.float64),
-                   all_slots[idx].copy(), order, starts)
-
-    @property
-    def max_hops(self) -> int:
-        return int(min(self.model.num_blocks, self.index.size))
-
-    def route(self, penalty_s: np.ndarray | None = None, free_at: np.ndarray | None = None,
-              now_s: float = 0.0) -> Route | None:
-        """Min-cost route (server index, blocks) per hop, or None if no path fits; arrays are per local server."""
-        k = self.index.size
-        pen = np.zeros(k) if penalty_s is None else np.ascontiguousarray(penalty_s, dtype=np.float64)
-        use_wait = free_at is not None
-        fa = np.ascontiguousarray(free_at, dtype=np.float64) if use_wait else np.zeros((1, 1))
-        L1 = self.model.num_blocks + 1
-        hs = np.empty(self.max_hops, dtype=np.int64)
-        hb = np.empty(self.max_hops, dtype=np.int64)
-        n = route_dp(self.first, self.end, self.tau_c, self.tau_p, self.local_slots, self.order, self.starts,
-                           self.model.num_blocks, pen, fa, float(now_s), use_wait, np.empty(L1 + 1),
-                           np.empty(L1 + 1, dtype=np.int64), np.empty(L1 + 1, dtype=np.int64), hs, hb)
-        if n == 0:
-            return None
-        return tuple((int(self.index[hs[h]]), int(hb[h])) for h in range(n))
-
-    def route_time_s(self, route: Route) -> float:
-        """Σ_hops (τc_j + τp_j m_ij): the route's service time for a job of size 1 (eq. 2)."""
-        return float(sum(self.servers[j].tau_c_s + self.servers[j].tau_p_s * m for j, m in route))
+    _bprr_exact_loop_fast = _bprr_exact_loop
 
 
 @dataclass(frozen=True)
@@ -210,6 +138,7 @@ class SystemResult(SimResult):
     attempts: np.ndarray | None = None  # failed attempts of each kept job (PETALS; zeros for BPRR)
     slots: tuple[int, ...] = ()
     peak_slots_used: tuple[int, ...] = ()  # over all jobs, warm-up included
+    start_order: np.ndarray | None = None  # every job (warm-up included) in the order it started (BPRR-mean)
 
     def summary(self) -> dict[str, float | int | str]:
         """The chain engine's summary plus retry counts."""
@@ -361,7 +290,7 @@ def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0, *
 
     ``estimate="exact"``: the scheduler knows every job's size (calendar model);
     ``"mean"``: it knows starts and completions but assumes every job has the mean
-    size (:func:`_simulate_bprr_mean`).
+    size (:func:`_simulate_bprr_mean`, driving :class:`~petals_chain.dispatch.ws_rr.WsRr`).
     """
     _check_inputs(workload, warmup_jobs)
     if estimate not in BPRR_ESTIMATES:
@@ -379,9 +308,9 @@ def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0, *
     hop_s = np.full((n, graph.max_hops), -1, dtype=np.int64)
     hop_b = np.zeros((n, graph.max_hops), dtype=np.int64)
     num_hops = np.zeros(n, dtype=np.int64)
-    bad = _bprr_loop_fast(workload.arrival_s, workload.size, graph.first, graph.end, graph.tau_c, graph.tau_p,
-                          graph.local_slots, graph.order, graph.starts, graph.model.num_blocks, free_at, start, end,
-                          hop_s, hop_b, num_hops)
+    bad = _bprr_exact_loop_fast(workload.arrival_s, workload.size, graph.first, graph.end, graph.tau_c,
+                                graph.tau_p, graph.local_slots, graph.order, graph.starts, graph.model.num_blocks,
+                                free_at, start, end, hop_s, hop_b, num_hops)
     if bad >= 0:
         raise InfeasibleError(f"BPRR: no route through the placement fits job {bad}")
     idx = graph.index.tolist()
@@ -392,97 +321,47 @@ def simulate_bprr(graph: RouteGraph, workload: Workload, warmup_jobs: int = 0, *
 
 
 def _simulate_bprr_mean(graph: RouteGraph, workload: Workload, warmup_jobs: int) -> SystemResult:
-    """WS-RR when sizes are unknown: waits are estimated with mean-size end times; reality may differ.
+    """WS-RR when sizes are unknown: the :class:`~petals_chain.dispatch.ws_rr.WsRr` policy, driven by events.
 
-    The scheduler keeps a believed calendar per slot (free time = believed end of
-    the job last committed to it: start + route time for a size-1 job; set to the
-    real start + route time when the job starts and to the real end when it ends).
-    Routing and the believed start use that calendar exactly as in the exact
-    model. In reality a committed job waits in a FIFO at each of its servers (in
-    commit order) and starts once it heads every one of them and each has m_ij
-    free slots; its cache is taken only then (no holding while waiting).
+    The policy routes and commits each arrival and says who starts at each arrival and departure (its
+    believed calendar, commit FIFO and start rule); the simulator only keeps time: a job that starts at t
+    ends at t + size × T_route. A departure at the same instant as an arrival is processed first, and
+    departures at one instant in start order.
     """
     n = workload.n_jobs
     arrival = workload.arrival_s.tolist()
     size = workload.size.tolist()
-    k = graph.index.size
-    width = int(max(graph.local_slots.max(initial=0), 1))
-    belief = np.full((k, width), np.inf)
-    owner = np.full((k, width), -1, dtype=np.int64)
-    for q in range(k):
-        belief[q, : graph.local_slots[q]] = 0.0
-    free = graph.local_slots.copy()
+    policy = WsRr(graph)
     start = np.full(n, math.nan)
     end = np.full(n, math.nan)
-    hops_local: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    slot_idx: list[list[np.ndarray]] = [[] for _ in range(n)]
-    t_route = [0.0] * n
-    waiting: list[int] = []  # committed, not started, in commit order
+    routes: list[Route] = [()] * n
+    order: list[int] = []  # jobs in start order
     heap: list[tuple[float, int, int]] = []  # (end time, seq, job)
-    L1 = graph.model.num_blocks + 1
-    dist, bs, bp = np.empty(L1 + 1), np.empty(L1 + 1, dtype=np.int64), np.empty(L1 + 1, dtype=np.int64)
-    hs, hb = np.empty(graph.max_hops, dtype=np.int64), np.empty(graph.max_hops, dtype=np.int64)
-    penalty = np.zeros(k)
     seq, i, in_sys, area, t_last = 0, 0, 0, 0.0, 0.0
-
-    def set_belief(job: int, value: float) -> None:
-        for (q, _), idx in zip(hops_local[job], slot_idx[job]):
-            mine = owner[q, idx] == job
-            belief[q, idx[mine]] = value
-
-    def try_start(now: float) -> None:
-        nonlocal seq
-        blocked: set[int] = set()
-        still: list[int] = []
-        for job in waiting:
-            hops = hops_local[job]
-            if any(q in blocked or free[q] < m for q, m in hops):
-                blocked.update(q for q, _ in hops)
-                still.append(job)
-                continue
-            for q, m in hops:
-                free[q] -= m
-            start[job] = now
-            end[job] = t_end = now + size[job] * t_route[job]
-            set_belief(job, now + t_route[job])
-            heapq.heappush(heap, (t_end, seq, job))
-            seq += 1
-        waiting[:] = still
-
     while i < n or heap:
         if heap and (i >= n or heap[0][0] <= arrival[i]):
             t, _, job = heapq.heappop(heap)
             area += in_sys * (t - t_last)
             t_last = t
             in_sys -= 1
-            for q, m in hops_local[job]:
-                free[q] += m
-            set_belief(job, t)
-            try_start(t)
-            continue
-        t, job = arrival[i], i
-        i += 1
-        area += in_sys * (t - t_last)
-        t_last = t
-        in_sys += 1
-        sorted_belief = np.sort(belief, axis=1)
-        nh = route_dp(graph.first, graph.end, graph.tau_c, graph.tau_p, graph.local_slots, graph.order,
-                            graph.starts, graph.model.num_blocks, penalty, sorted_belief, t, True, dist, bs, bp, hs, hb)
-        if nh == 0:
-            raise InfeasibleError(f"BPRR: no route through the placement fits job {job}")
-        hops = [(int(hs[h]), int(hb[h])) for h in range(nh)]
-        s_believed = max([t] + [float(sorted_belief[q, m - 1]) for q, m in hops])
-        t_route[job] = sum(graph.tau_c[q] + graph.tau_p[q] * m for q, m in hops)
-        for q, m in hops:  # best fit: the m slots believed free latest but by s_believed
-            row = belief[q, : graph.local_slots[q]]
-            ok = np.flatnonzero(row <= s_believed)
-            idx = ok[np.argsort(row[ok], kind="stable")[-m:]]
-            belief[q, idx] = s_believed + t_route[job]
-            owner[q, idx] = job
-            slot_idx[job].append(idx)
-        hops_local[job] = hops
-        waiting.append(job)
-        try_start(t)
-    idx_map = graph.index.tolist()
-    routes = [tuple((idx_map[q], m) for q, m in hops_local[r]) for r in range(n)]
-    return _assemble("BPRR-mean", graph, workload, start, end, routes, np.zeros(n, dtype=np.int64), area, warmup_jobs)
+            started = policy.on_departure(job, t)
+        else:
+            t, job = arrival[i], i
+            i += 1
+            area += in_sys * (t - t_last)
+            t_last = t
+            in_sys += 1
+            try:
+                started = policy.on_arrival(job, t)
+            except InfeasibleError:
+                raise InfeasibleError(f"BPRR: no route through the placement fits job {job}") from None
+        for j in started:
+            start[j] = t
+            end[j] = t_end = t + size[j] * policy.route_time_s(j)
+            routes[j] = policy.route(j)
+            order.append(j)
+            heapq.heappush(heap, (t_end, seq, j))
+            seq += 1
+    res = _assemble("BPRR-mean", graph, workload, start, end, routes, np.zeros(n, dtype=np.int64), area,
+                    warmup_jobs)
+    return dataclasses.replace(res, start_order=np.array(order, dtype=np.int64))

@@ -18,8 +18,9 @@ from petals_chain import defaults
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.compose.methods import Method, Routing, get_method
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
+from petals_chain.compose.routes import RouteGraph
 from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
-from petals_chain.sim.baselines import RouteGraph, simulate_bprr, simulate_petals
+from petals_chain.sim.baselines import simulate_bprr, simulate_petals
 from petals_chain.sim.engine import SimResult, simulate
 from petals_chain.sim.workloads import Workload
 

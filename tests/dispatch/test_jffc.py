@@ -75,3 +75,39 @@ def test_a_resumed_job_takes_a_free_chain_or_waits_ahead_of_later_arrivals():
     assert p.queued_jobs() == [2, 4, 9, 10, 9_999]
     assert [(s.job, s.chain) for s in p.on_departure(7, 1)] == [(2, 1)]
     assert p.queue_length() == 4 and p.occupancy() == [1, 1]
+
+
+def test_arrivals_take_the_fastest_free_chain_also_after_occupy():
+    """Against a brute-force reference: with arrivals, departures and occupy (leases carried over from an
+    earlier composition) mixed at random, an arrival always takes the fastest chain with a free slot."""
+    rng = np.random.default_rng(4)
+    rates = rng.choice([0.5, 1.0, 2.0, 3.0], 12)  # ties: the lower index wins
+    caps = rng.integers(1, 4, 12)
+    pol = JFFC(rates, caps)
+    busy = [0] * 12
+    on: dict[int, int] = {}
+    for job in range(4000):
+        x = rng.random()
+        if x < 0.1:
+            k = int(rng.integers(12))
+            assert pol.occupy(k) == (busy[k] < caps[k])
+            if busy[k] < caps[k]:
+                busy[k] += 1
+                on[-1 - job] = k
+        elif x < 0.55 or not on:
+            free = [k for k in range(12) if busy[k] < caps[k]]
+            want = min(free, key=lambda k: (-rates[k], k)) if free else None
+            starts = pol.on_arrival(job)
+            if want is None:
+                assert starts == []
+                pol.cancel(job)
+            else:
+                assert [(s.job, s.chain) for s in starts] == [(job, want)]
+                busy[want] += 1
+                on[job] = want
+        else:
+            j = int(rng.choice(list(on)))
+            k = on.pop(j)
+            assert pol.on_departure(j, k) == []
+            busy[k] -= 1
+        assert pol.occupancy() == busy

@@ -1,0 +1,193 @@
+"""The decision rules of the chain dispatch policies, written once as numba functions over arrays.
+
+Both users call these same functions: the policy classes of this package (the live orchestrator's JFFC and
+the simulator's general engine, one event at a time, through numba's dispatcher) and the simulator's numba
+kernels (:mod:`petals_chain.sim.kernels`, compiled calls inside their event loops). What stays outside is
+bookkeeping that is not a decision: queues of job ids, resident lists, the departure heap and the clock.
+
+State, per chain k (chains indexed as given to a policy): ``busy[k]`` jobs in service, ``caps[k]`` = c_k,
+``rates[k]`` = μ_k; ``by_rank`` lists the chains fastest first (ties by index) and ``rank_of`` inverts it;
+JFFC's chains with a free slot are the int min-heap ``free[:nfree]`` of their ranks; ``qlen[k]`` is the
+length of chain k's own FIFO queue (per-chain policies).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from numba import njit
+
+    HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - exercised only where numba is missing
+    HAVE_NUMBA = False
+
+    def njit(*args, **kwargs):  # type: ignore[no-redef]
+        """Stand-in decorator: return the function unchanged."""
+        if args and callable(args[0]):
+            return args[0]
+        return lambda fn: fn
+
+
+JSQ_CODE, SA_JSQ_CODE, SED_CODE, JIQ_CODE = 1, 2, 3, 4
+PER_CHAIN_CODES = {"JSQ": JSQ_CODE, "SA-JSQ": SA_JSQ_CODE, "SED": SED_CODE, "JIQ": JIQ_CODE}
+
+
+def speed_order(rates) -> tuple[np.ndarray, np.ndarray]:
+    """(by_rank, rank_of): chains fastest first, ties by index, and each chain's rank."""
+    by_rank = np.asarray(sorted(range(len(rates)), key=lambda k: (-rates[k], k)), dtype=np.int64)
+    rank_of = np.empty_like(by_rank)
+    rank_of[by_rank] = np.arange(by_rank.size, dtype=np.int64)
+    return by_rank, rank_of
+
+
+# ---- int min-heap ---------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def iheap_push(a, size, v):
+    """Push int ``v`` onto the min-heap ``a[:size]``; return the new size."""
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if a[parent] <= v:
+            break
+        a[pos] = a[parent]
+        pos = parent
+    a[pos] = v
+    return size + 1
+
+
+@njit(cache=True)
+def iheap_pop(a, size):
+    """Remove the minimum of the int min-heap ``a[:size]``; return the new size."""
+    size -= 1
+    v = a[size]
+    pos = 0
+    while True:
+        child = 2 * pos + 1
+        if child >= size:
+            break
+        if child + 1 < size and a[child + 1] < a[child]:
+            child += 1
+        if a[child] < v:
+            a[pos] = a[child]
+            pos = child
+        else:
+            break
+    if size > 0:
+        a[pos] = v
+    return size
+
+
+# ---- JFFC -------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def jffc_arrival(busy, caps, by_rank, free, nfree):
+    """JFFC on an arrival: the fastest chain with a free slot, whose slot is taken, or -1 (join the queue).
+
+    Returns (chain, nfree)."""
+    if nfree == 0:
+        return -1, nfree
+    k = by_rank[free[0]]
+    busy[k] += 1
+    if busy[k] == caps[k]:
+        nfree = iheap_pop(free, nfree)
+    return k, nfree
+
+
+@njit(cache=True)
+def jffc_release(busy, caps, rank_of, free, nfree, k):
+    """JFFC when a slot of chain ``k`` frees up and nobody waits: the chain is offered again. Returns nfree.
+
+    (With a queue the slot goes straight to its head: nothing to decide.)"""
+    if busy[k] == caps[k]:
+        nfree = iheap_push(free, nfree, rank_of[k])
+    busy[k] -= 1
+    return nfree
+
+
+# ---- JFFC with migration ----------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def fastest_free(busy, caps, by_rank):
+    """JFFC-migration on an arrival: the fastest chain with a free slot (taken), or -1 (join the queue)."""
+    for r in range(by_rank.shape[0]):
+        c = by_rank[r]
+        if busy[c] < caps[c]:
+            busy[c] += 1
+            return c
+    return -1
+
+
+@njit(cache=True)
+def migration_source(busy, rates, by_rank, k):
+    """JFFC-migration after a departure from chain ``k`` with nobody waiting (``busy[k]`` already lowered):
+    the slowest busy chain if it is strictly slower than k (its longest-resident job moves to k), else -1."""
+    s = -1
+    for r in range(by_rank.shape[0] - 1, -1, -1):
+        if busy[by_rank[r]] > 0:
+            s = by_rank[r]
+            break
+    if s >= 0 and rates[s] < rates[k]:
+        return s
+    return -1
+
+
+# ---- per-chain FCFS policies: JSQ, SA-JSQ, SED, JIQ -------------------------------------------------------------
+
+
+@njit(cache=True)
+def pick(ties, count, u):
+    """ties[⌊u·count⌋], clamped: a uniform random tie-break from one draw u in [0, 1)."""
+    idx = int(u * count)
+    idx = min(idx, count - 1)
+    return ties[idx]
+
+
+@njit(cache=True)
+def per_chain_choice(code, busy, qlen, caps, rates, u, ties, ties2):
+    """The chain an arriving job joins under JSQ (1), SA-JSQ (2), SED (3) or JIQ (4), from one uniform ``u``.
+
+    JSQ: min (Z_k − c_k + 1)⁺ / c_k, Z_k = busy + queued; SA-JSQ: the same, ties to the fastest; SED:
+    min 1/μ_k + (Z_k − c_k + 1)⁺ / (μ_k c_k); JIQ: a chain with a free slot, else any. Remaining ties are
+    broken by :func:`pick`. ``ties``/``ties2`` are scratch arrays of one slot per chain.
+    """
+    nk = rates.shape[0]
+    count = 0
+    if code == 4:  # JIQ
+        for c in range(nk):
+            if busy[c] < caps[c]:
+                ties[count] = c
+                count += 1
+        if count > 0:
+            return pick(ties, count, u)
+        idx = int(u * nk)
+        return idx if idx < nk else nk - 1
+    best = 0.0
+    for c in range(nk):
+        z = busy[c] + qlen[c]
+        if code == 3:
+            key = 1.0 / rates[c] + max(z - caps[c] + 1, 0) / (rates[c] * caps[c])
+        else:
+            key = max(z - caps[c] + 1, 0) / caps[c]
+        if count == 0 or key < best:
+            best = key
+            ties[0] = c
+            count = 1
+        elif key == best:
+            ties[count] = c
+            count += 1
+    if code == 2:  # SA-JSQ: keep only the fastest of the tied chains
+        fastest = rates[ties[0]]
+        for x in range(1, count):
+            fastest = max(fastest, rates[ties[x]])
+        c2 = 0
+        for x in range(count):
+            if rates[ties[x]] == fastest:
+                ties2[c2] = ties[x]
+                c2 += 1
+        return pick(ties2, c2, u)
+    return pick(ties, count, u)
