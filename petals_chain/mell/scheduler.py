@@ -42,6 +42,7 @@ class StepResult:
     ops: tuple[OpRecord, ...]
     raw_moves: int
     preemptions: int = 0
+    preempted: tuple[int, ...] = ()
 
 
 class MellScheduler:
@@ -78,8 +79,11 @@ class MellScheduler:
 
     # ---- one slot ---------------------------------------------------------------------------------
     def step(self, arrivals: Mapping[int, int], departures: Iterable[int],
-             growth: Mapping[int, int] | None = None) -> StepResult:
-        """Apply one slot: ``growth`` (request → new size), ``departures``, ``arrivals`` (request → size)."""
+             growth: Mapping[int, int] | None = None, final_sizes: Mapping[int, int] | None = None) -> StepResult:
+        """Apply one slot: ``growth`` (request → new size), ``departures``, ``arrivals`` (request → size).
+
+        ``final_sizes`` is accepted for a common interface and ignored: Mell never looks at future lengths.
+        """
         st = self.st
         st.log = []
         departures = sorted(set(departures))
@@ -287,16 +291,19 @@ class MellScheduler:
             self._overflow(g)
 
     def _overflow(self, g: int) -> None:
-        """GPU g outgrew C: evict its smallest items (never the largest) until it fits, then restore it."""
+        """GPU g outgrew C: evict (never its largest item) the item carrying the fewest requests whose removal
+        suffices, smallest first; else the smallest items one by one; then restore g."""
         st = self.st
         old = st.gpus[g].label
-        order = sorted(st.gpus[g].items, key=lambda i: st.item_size(st.items[i]))
-        for i in order[:-1]:
-            if st.gpus[g].used <= self.C:
-                break
-            self._evict(st.items[i])
-        if st.gpus[g].used > self.C:  # one multi-item alone over C cannot happen (≤ C/4); a single request ≤ C
-            raise AssertionError(f"GPU {g} still over capacity after eviction")
+        while st.gpus[g].used > self.C:
+            order = sorted(st.gpus[g].items, key=lambda i: st.item_size(st.items[i]))[:-1]
+            if not order:  # a single request is never over C; a lone multi-item is at most C/4
+                raise AssertionError(f"GPU {g} over capacity with one item")
+            excess = st.gpus[g].used - self.C
+            enough = [i for i in order if st.item_size(st.items[i]) >= excess]
+            pick = min(enough, key=lambda i: (len(st.items[i].members), st.item_size(st.items[i]))) \
+                if enough else order[0]
+            self._evict(st.items[pick])
         self._settle(g, old)
 
     def _evict(self, it: Item) -> None:
