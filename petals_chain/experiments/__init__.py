@@ -18,6 +18,12 @@ EXPERIMENTS: dict[str, str] = {
     "fig7": "fig7_c_star",
     "fig8": "fig8_overall",
     "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
+    "mell-fig6": "mell_fig6",
+    "mell-fig11": "mell_fig11",
+    "mell-fig12": "mell_fig12",
+    "mell-fig13": "mell_fig13",
+    "mell-fig14": "mell_fig14",
+    "mell-fig15": "mell_fig15",
 }
 
 

@@ -234,6 +234,7 @@ class MellScheduler:
         st = self.st
         g = it.gpu
         gpu = st.gpus[g]
+        single: Item | None = None
         if _cls(st.size[r], self.C) >= T and len(it.members) > 1:
             it.members.remove(r)
             single = st.new_item([r], bundle=False)
@@ -241,6 +242,7 @@ class MellScheduler:
             gpu.items.add(single.id)
         elif _cls(st.size[r], self.C) >= T:
             it.bundle = False
+            single = it
         while it.bundle and st.item_size(it) * 4 > self.C and len(it.members) > 1:
             moved: list[int] = []
             for q in sorted(it.members, key=lambda q: -st.size[q]):
@@ -252,6 +254,14 @@ class MellScheduler:
             extra.gpu = g
             gpu.items.add(extra.id)
         st.relabel(g)
+        if single is not None and st.item_class(single) > T and not self._stays(single, g, st.item_class(single)):
+            # grew past T in one slot and may not stay: allocate it afresh
+            old = gpu.label
+            st.take(single)
+            self._settle(g, old)
+            self._allocate(single, src=g)
+            return
+        st.relabel(g)
         self._repair(g)
 
     def _stays(self, it: Item, g: int, k: SizeClass) -> bool:
@@ -259,6 +269,9 @@ class MellScheduler:
         st = self.st
         if k == L:
             return True
+        if k == M and st.gpus[g].label == M:
+            others = [st.item_class(st.items[i]) for i in st.gpus[g].items if i != it.id]
+            return others.count(M) < 2 and others.count(M) + others.count(T) == len(others)
         if k in (S, M) and st.gpus[g].label == L:
             big = self._l_size(g)
             others = [i for i in st.gpus[g].items if i != it.id and st.item_class(st.items[i]) in (S, M)]
