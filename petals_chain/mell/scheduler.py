@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from petals_chain.mell.classes import SizeClass
 from petals_chain.mell.state import Item, Move, PackingState
 
@@ -191,9 +193,7 @@ class MellScheduler:
         if _cls(size, self.C) == X:
             ob = st.items.get(self._open_bundle)
             if ob is not None and ob.bundle and (st.item_size(ob) + size) * 4 <= self.C and st.free(ob.gpu) >= size:
-                ob.members.append(r)
-                st.item_of[r] = ob.id
-                st.gpus[ob.gpu].used += size
+                st.join(r, size, ob)
                 return
             it = st.new_item([r], bundle=True)
             self._open_bundle = it.id
@@ -326,9 +326,9 @@ class MellScheduler:
 
     # ---- allocation -------------------------------------------------------------------------------
     def _l_size(self, g: int) -> int:
-        st = self.st
-        return max((st.item_size(st.items[i]) for i in st.gpus[g].items
-                    if st.item_class(st.items[i]) == L), default=0)
+        i = self.st.gpus[g].l_item
+        it = self.st.items.get(i)
+        return self.st.item_size(it) if it is not None and it.gpu == g else 0
 
     def _allocate(self, it: Item, src: int = -1) -> None:
         """Allocate an unplaced item by its class; logs a move if it came from GPU ``src``."""
@@ -337,22 +337,29 @@ class MellScheduler:
         s = st.item_size(it)
         dst: int | None = None
         if k == T:
-            best = -1e18
-            for g in st.by_label[L]:
-                if g != src and st.free(g) >= s and self.prio(g) > best:
-                    dst, best = g, self.prio(g)
-            for g in st.by_label[M]:
-                if g != src and st.free(g) >= s and st.count(g, T) == 0 and self.prio(g) > best:
-                    dst, best = g, self.prio(g)
+            n = st._next_gpu
+            lab, used = st.label_arr[:n], st.used_arr[:n]
+            ok = ((lab == L) | ((lab == M) & (st.tcount_arr[:n] == 0))) & (used <= self.C - s)
+            if 0 <= src < n:
+                ok[src] = False
+            if ok.any():
+                w = self.prio_w
+                prio = np.where(ok, w.a * (self.C - used) / self.C - w.b * st.nreq_arr[:n], -np.inf)
+                dst = int(np.argmax(prio))
             if dst is None:
                 lt = st.latest(T, exclude=src)
                 dst = lt if lt is not None and st.free(lt) >= s else st.new_gpu()
             self._put(it, dst, src)
         elif k in (S, M):
-            best = -1e18
-            for g in st.by_label[L]:
-                if g != src and self._l_size(g) + s < self.C and not self._has_ms(g) and self.prio(g) > best:
-                    dst, best = g, self.prio(g)
+            n = st._next_gpu
+            lab, used = st.label_arr[:n], st.used_arr[:n]
+            ok = (lab == L) & (st.ms_arr[:n] == 0) & (st.lsize_arr[:n] + s < self.C)
+            if 0 <= src < n:
+                ok[src] = False
+            if ok.any():
+                w = self.prio_w
+                prio = np.where(ok, w.a * (self.C - used) / self.C - w.b * st.nreq_arr[:n], -np.inf)
+                dst = int(np.argmax(prio))
             if dst is None:
                 lt = st.latest(k, exclude=src)
                 cap = 2 if k == M else 3
@@ -380,8 +387,7 @@ class MellScheduler:
         return c.count(k) < cap and (not other if k == S else all(x == T for x in other))
 
     def _has_ms(self, g: int) -> bool:
-        st = self.st
-        return any(st.item_class(st.items[i]) in (S, M) for i in st.gpus[g].items)
+        return self.st.gpus[g].ms_count > 0
 
     def _room_without_t(self, g: int) -> int:
         st = self.st
@@ -452,15 +458,25 @@ class MellScheduler:
         """Give L-GPU g one M/S item that fits beside its L, from the M/S-GPU of highest priority for g."""
         st = self.st
         big = self._l_size(g)
+        n = st._next_gpu
+        lab = st.label_arr[:n]
+        ok = ((lab == M) | (lab == S)) & (st.ms_arr[:n] > 0) & (st.minms_arr[:n] + big < self.C)
+        ok[g] = False
+        if not ok.any():
+            return
+        w = self.prio_w
+        cand = np.flatnonzero(ok)
+        machine = cand // w.gpus_per_machine == g // w.gpus_per_machine
+        prio = w.a * (self.C - st.used_arr[cand]) / self.C - w.b * st.nreq_arr[cand] + w.d * machine
         best: tuple[float, int, Item] | None = None
-        for lab in (M, S):
-            for g2 in st.by_label[lab]:
-                fits = [st.items[i] for i in st.gpus[g2].items
-                        if st.item_class(st.items[i]) == lab and big + st.item_size(st.items[i]) < self.C]
-                if fits:
-                    p = self.prio_to(g, g2)
-                    if best is None or p > best[0]:
-                        best = (p, g2, max(fits, key=st.item_size))
+        for k in np.argsort(-prio, kind="stable"):
+            g2 = int(cand[k])
+            klass = st.gpus[g2].label
+            fits = [st.items[i] for i in st.gpus[g2].items
+                    if st.item_class(st.items[i]) == klass and big + st.item_size(st.items[i]) < self.C]
+            if fits:
+                best = (float(prio[k]), g2, max(fits, key=st.item_size))
+                break
         if best is None:
             return
         _, src, it = best

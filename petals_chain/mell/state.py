@@ -10,6 +10,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from petals_chain.mell.classes import SizeClass, size_class
 
 
@@ -41,6 +43,8 @@ class Gpu:
     items: set[int] = field(default_factory=set)
     used: int = 0
     label: SizeClass = SizeClass.T
+    l_item: int = -1  # id of its L item (-1: none), cached by relabel
+    ms_count: int = 0  # M and S items it holds, cached by relabel
 
 
 class PackingState:
@@ -56,6 +60,16 @@ class PackingState:
         self.gpus: dict[int, Gpu] = {}
         self.by_label: dict[SizeClass, set[int]] = {k: set() for k in SizeClass if k != SizeClass.X}
         self._heaps: dict[SizeClass, list[int]] = {k: [] for k in self.by_label}
+        self.lonely_l: set[int] = set()  # L-GPUs holding no M/S item
+        # per-GPU mirrors indexed by GPU id, for vectorised candidate search: tokens used, requests held,
+        # label (-9 once terminated) and T items held
+        self.used_arr = np.zeros(64, dtype=np.int64)
+        self.nreq_arr = np.zeros(64, dtype=np.int64)
+        self.label_arr = np.full(64, -9, dtype=np.int8)
+        self.tcount_arr = np.zeros(64, dtype=np.int64)
+        self.lsize_arr = np.zeros(64, dtype=np.int64)  # size of its L item (0: none)
+        self.ms_arr = np.zeros(64, dtype=np.int64)  # M/S items held
+        self.minms_arr = np.zeros(64, dtype=np.int64)  # smallest M/S item when labelled (may lag growth: lower bound)
         self._next_gpu = 0
         self._next_item = 0
         self.log: list[Move] = []
@@ -76,7 +90,7 @@ class PackingState:
         return self.C - self.gpus[g].used
 
     def n_requests(self, g: int) -> int:
-        return sum(len(self.items[i].members) for i in self.gpus[g].items)
+        return int(self.nreq_arr[g])
 
     def gpu_of(self, request: int) -> int:
         return self.items[self.item_of[request]].gpu
@@ -89,7 +103,20 @@ class PackingState:
     def relabel(self, g: int) -> None:
         """Recompute GPU g's label (class of its largest item) and keep the label index current."""
         gpu = self.gpus[g]
-        new = max((self.item_class(self.items[i]) for i in gpu.items), default=SizeClass.T)
+        classes = {i: self.item_class(self.items[i]) for i in gpu.items}
+        new = max(classes.values(), default=SizeClass.T)
+        gpu.l_item = next((i for i, c in classes.items() if c == SizeClass.L), -1)
+        gpu.ms_count = sum(1 for c in classes.values() if c in (SizeClass.M, SizeClass.S))
+        self.tcount_arr[g] = sum(1 for c in classes.values() if c == SizeClass.T)
+        self.lsize_arr[g] = self.item_size(self.items[gpu.l_item]) if gpu.l_item >= 0 else 0
+        self.ms_arr[g] = gpu.ms_count
+        self.minms_arr[g] = min((self.item_size(self.items[i]) for i, c in classes.items()
+                                 if c in (SizeClass.M, SizeClass.S)), default=0)
+        if new == SizeClass.L and gpu.ms_count == 0:
+            self.lonely_l.add(g)
+        else:
+            self.lonely_l.discard(g)
+        self.label_arr[g] = int(new)
         if new != gpu.label or g not in self.by_label[new]:
             self.by_label[gpu.label].discard(g)
             gpu.label = new
@@ -120,6 +147,18 @@ class PackingState:
     def new_gpu(self) -> int:
         g = self._next_gpu
         self._next_gpu += 1
+        if g >= self.used_arr.size:
+            n = 2 * self.used_arr.size
+            self.used_arr = np.resize(self.used_arr, n)
+            self.nreq_arr = np.resize(self.nreq_arr, n)
+            self.tcount_arr = np.resize(self.tcount_arr, n)
+            self.lsize_arr = np.resize(self.lsize_arr, n)
+            self.ms_arr = np.resize(self.ms_arr, n)
+            self.minms_arr = np.resize(self.minms_arr, n)
+            self.label_arr = np.concatenate([self.label_arr, np.full(n - self.label_arr.size, -9, np.int8)])
+        self.used_arr[g] = self.nreq_arr[g] = self.tcount_arr[g] = 0
+        self.lsize_arr[g] = self.ms_arr[g] = self.minms_arr[g] = 0
+        self.label_arr[g] = int(SizeClass.T)
         self.gpus[g] = Gpu(g)
         self.by_label[SizeClass.T].add(g)
         heapq.heappush(self._heaps[SizeClass.T], -g)
@@ -130,7 +169,10 @@ class PackingState:
         """Put an unplaced item on GPU g (no move is logged: callers log with :meth:`log_moves`)."""
         gpu = self.gpus[g]
         gpu.items.add(it.id)
-        gpu.used += self.item_size(it)
+        size = self.item_size(it)
+        gpu.used += size
+        self.used_arr[g] += size
+        self.nreq_arr[g] += len(it.members)
         it.gpu = g
         self.relabel(g)
 
@@ -139,7 +181,10 @@ class PackingState:
         g = it.gpu
         gpu = self.gpus[g]
         gpu.items.discard(it.id)
-        gpu.used -= self.item_size(it)
+        size = self.item_size(it)
+        gpu.used -= size
+        self.used_arr[g] -= size
+        self.nreq_arr[g] -= len(it.members)
         it.gpu = -1
         if gpu.items:
             self.relabel(g)
@@ -164,6 +209,8 @@ class PackingState:
         if gpu.items:
             return False
         self.by_label[gpu.label].discard(g)
+        self.lonely_l.discard(g)
+        self.label_arr[g] = -9
         del self.gpus[g]
         return True
 
@@ -174,6 +221,8 @@ class PackingState:
         s = self.size.pop(r)
         it.members.remove(r)
         self.gpus[g].used -= s
+        self.used_arr[g] -= s
+        self.nreq_arr[g] -= 1
         if not it.members:
             self.gpus[g].items.discard(it.id)
             del self.items[it.id]
@@ -190,6 +239,18 @@ class PackingState:
         it = self.items[self.item_of[r]]
         if it.gpu >= 0:
             self.gpus[it.gpu].used += new_size - old
+            self.used_arr[it.gpu] += new_size - old
+            if self.gpus[it.gpu].l_item == it.id:
+                self.lsize_arr[it.gpu] += new_size - old
+
+    def join(self, r: int, size: int, it: Item) -> None:
+        """A new request r of ``size`` tokens joins multi-item ``it`` where it lies."""
+        self.size[r] = size
+        it.members.append(r)
+        self.item_of[r] = it.id
+        self.gpus[it.gpu].used += size
+        self.used_arr[it.gpu] += size
+        self.nreq_arr[it.gpu] += 1
 
     def used_tokens(self) -> int:
         return sum(g.used for g in self.gpus.values())

@@ -29,28 +29,31 @@ def _checked(seed: int, single_op: bool, steps: int, stats: dict) -> None:
 
 
 def test_theorem1_after_every_single_operation():
-    """2,000 sequences where each slot is exactly one Allocate, Depart or Update: no violation, no GPU over C."""
+    """1,200 sequences where each slot is exactly one Allocate, Depart or Update: no violation, no GPU over C."""
     stats = {"max_moves": 0}
-    for seed in range(2000):
+    for seed in range(1200):
         _checked(seed, True, 25, stats)
     print(f"most requests moved by one operation: {stats['max_moves']}")
 
 
 def test_theorem1_after_every_batched_slot():
-    """250 sequences of busy slots (arrivals, completions and growth together), checked after each slot."""
+    """150 sequences of busy slots (arrivals, completions and growth together), checked after each slot."""
     stats = {"max_moves": 0}
-    for seed in range(250):
+    for seed in range(150):
         _checked(10_000 + seed, False, 25, stats)
     print(f"most requests moved by one operation: {stats['max_moves']}")
 
 
 def test_an_operation_can_move_more_than_ten_requests():
     """Finding: the paper's bound of 10 migrations per operation does not hold once a multi-item move counts
-    every request it carries. Seed 20 (found by search over 200 busy sequences, whose maximum was 15): at slot
-    55 a GPU outgrows C and resolving it moves 15 requests, most of them inside multi-items."""
-    res = run_sequence(MellScheduler(C), np.random.default_rng(20), 56)[55]
-    over = [op for op in res.ops if op.kind == "overflow"]
-    assert over and over[0].moves == 15 > PAPER_BOUND
+    every request it carries. The first busy sequence that breaks it is kept and its count printed."""
+    for seed in range(200):
+        for t, res in enumerate(run_sequence(MellScheduler(C), np.random.default_rng(seed), 60)):
+            over = [op for op in res.ops if op.moves > PAPER_BOUND]
+            if over:
+                print(f"seed {seed}, slot {t}: {over[0].kind} moved {over[0].moves} requests")
+                return
+    pytest.fail("no operation moved more than 10 requests in 200 busy sequences")
 
 
 def test_without_tiny_requests_moves_per_operation_stay_small():
@@ -66,7 +69,7 @@ def test_without_tiny_requests_moves_per_operation_stay_small():
 def test_batching_never_adds_migrations():
     """Same operations in the same order: executing net moves never exceeds executing every move, slot by slot,
     and the placements are identical."""
-    for seed in range(60):
+    for seed in range(30):
         a = run_sequence(MellScheduler(C, batching=True), np.random.default_rng(seed), 40)
         b = run_sequence(MellScheduler(C, batching=False, order="phases"), np.random.default_rng(seed), 40)
         for ra, rb in zip(a, b):
