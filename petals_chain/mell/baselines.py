@@ -135,7 +135,7 @@ class LoadBalanceScheduler(FitScheduler):
     def _shift(self, r: int, dst: int) -> None:
         """Move request r to GPU dst, carrying its reservation."""
         it = self.st.items[self.st.item_of[r]]
-        self._reserved[it.gpu] -= self._final[r]
+        self._reserved[it.gpu] = self._reserved.get(it.gpu, 0) - self._final[r]
         self.st.move(it, dst)
         self._reserved[dst] = self._reserved.get(dst, 0) + self._final[r]
 

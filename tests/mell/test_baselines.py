@@ -56,6 +56,29 @@ def test_lb_moves_narrow_the_gap_and_respect_capacity():
     assert moved > 0
 
 
+def _lb_with(groups):
+    """An LB scheduler whose GPUs hold the given request sizes (one list per GPU)."""
+    s = LoadBalanceScheduler(C, reserve=False)
+    r = 0
+    for sizes in groups:
+        g = s.st.new_gpu()
+        for size in sizes:
+            r += 1
+            s.st.size[r] = size
+            s._final[r] = size
+            s._admitted[r] = r
+            s.st.place(s.st.new_item([r], bundle=False), g)
+    return s
+
+
+def test_lb_moves_the_shortest_request_only_when_it_narrows_the_gap():
+    s = _lb_with([[100, 120, 110, 130], [100]])  # freeness 135 vs 900: moving 100 gives 217 vs 400
+    moves = s._rebalance()
+    assert [(m.request, m.src, m.dst) for m in moves] == [(1, 0, 1)]
+    s = _lb_with([[300, 300], [500]])  # freeness 200 vs 500: moving 300 would reverse the gap (700 vs 100)
+    assert s._rebalance() == [] and s.placement() == {1: 0, 2: 0, 3: 1}
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="rule"):
         FitScheduler(C, "random")
