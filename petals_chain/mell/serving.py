@@ -3,7 +3,8 @@
 Requests wait in one FIFO queue; the head is admitted (best fit on its current KV) when some GPU holds it.
 A GPU that outgrows C preempts its most recently admitted request back to the queue's head (it keeps its
 tokens and re-prefills them when admitted again). With migration, before preempting or leaving the head
-waiting, one running request may move to another GPU to make room. The paper's serving ratio is the
+waiting, one running request may move to another GPU to make room; if no single move admits the head, every
+running request is re-placed by first fit decreasing when that fits them all. The paper's serving ratio is the
 number of requests whose KV cache is held in GPU memory: we report its time average and the completions.
 """
 
@@ -73,6 +74,25 @@ def serve_fixed(workload: Workload, n_gpus: int, capacity_tokens: int, *, migrat
                     return g
         return -1
 
+    def repack(r: int) -> int:
+        """Re-place every running request and r by first fit decreasing; the GPU for r, or -1 if they do not fit."""
+        nonlocal moves
+        reqs = sorted([*where, r], key=lambda q: -size[q])
+        load = np.zeros(n_gpus, dtype=np.int64)
+        plan = {}
+        for q in reqs:
+            fit = np.flatnonzero(C - load >= size[q])
+            if not fit.size:
+                return -1
+            plan[q] = int(fit[0])
+            load[plan[q]] += size[q]
+        moves += sum(plan[q] != where[q] for q in where)
+        for q in where:
+            where[q] = plan[q]
+        used[:] = load
+        used[plan[r]] -= size[r]
+        return plan[r]
+
     for t in range(slots):
         done = [r for r, x in left.items() if x <= 0 and r in where]
         for r in done:
@@ -118,6 +138,8 @@ def serve_fixed(workload: Workload, n_gpus: int, capacity_tokens: int, *, migrat
                 g = int(fits[np.argmin((C - used)[fits])])
             elif migrate and (C - used).sum() >= size[r]:
                 g = make_room(size[r])
+                if g < 0:
+                    g = repack(r)
                 if g < 0:
                     break
             else:
