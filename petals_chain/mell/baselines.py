@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from petals_chain.mell.scheduler import OpRecord, StepResult
 from petals_chain.mell.state import Move, PackingState
 
@@ -31,21 +33,39 @@ class FitScheduler:
         self.reserve = reserve
         self._final: dict[int, int] = {}
         self._reserved: dict[int, int] = {}
+        self._res_arr = np.zeros(64, dtype=np.int64)
 
     def _room(self, g: int) -> int:
         """Tokens still free on GPU g: against reservations (final sizes) or against actual sizes."""
         return self.C - (self._reserved.get(g, 0) if self.reserve else self.st.gpus[g].used)
 
+    def _add_reserved(self, g: int, delta: int) -> None:
+        self._reserved[g] = self._reserved.get(g, 0) + delta
+        if g >= self._res_arr.size:
+            self._res_arr = np.resize(self._res_arr, max(2 * self._res_arr.size, g + 1))
+        self._res_arr[g] += delta
+
     def _choose(self, size: int, exclude: int = -1) -> int:
+        """The GPU the rule picks among those with room for ``size`` (vectorised over GPU ids), or a new one."""
         st = self.st
-        fits = [g for g in st.gpus if g != exclude and self._room(g) >= size]
-        if not fits:
+        n = st._next_gpu
+        if self.reserve:
+            if self._res_arr.size < n:
+                self._res_arr = np.resize(self._res_arr, n)
+            room = self.C - self._res_arr[:n]
+        else:
+            room = self.C - st.used_arr[:n]
+        ok = (st.label_arr[:n] != -9) & (room >= size)
+        if 0 <= exclude < n:
+            ok[exclude] = False
+        if not ok.any():
             return st.new_gpu()
+        ids = np.flatnonzero(ok)
         if self.rule == "best":
-            return min(fits, key=lambda g: (self._room(g), g))
+            return int(ids[np.argmin(room[ids])])
         if self.rule == "worst":
-            return max(fits, key=lambda g: (self._room(g), -g))
-        return min(fits)
+            return int(ids[np.argmax(room[ids])])
+        return int(ids[0])
 
     def _admit(self, r: int, size: int, src: int = -1) -> None:
         st = self.st
@@ -56,7 +76,7 @@ class FitScheduler:
             it = st.items[st.item_of[r]]
         g = self._choose(self._final[r] if self.reserve else size, exclude=src)
         st.place(it, g)
-        self._reserved[g] = self._reserved.get(g, 0) + self._final[r]
+        self._add_reserved(g, self._final[r])
         self._admitted[r] = self._clock
         self._clock += 1
 
@@ -81,7 +101,7 @@ class FitScheduler:
                 raise KeyError(f"departure of unknown request {r}")
             g = st.remove_request(r)
             self._admitted.pop(r, None)
-            self._reserved[g] -= self._final.pop(r)
+            self._add_reserved(g, -self._final.pop(r))
             st.drop_gpu_if_empty(g)
             ops.append(OpRecord("depart", r, 0))
         for r, s in (growth or {}).items():
@@ -95,7 +115,7 @@ class FitScheduler:
                 victim = max((st.items[i].members[0] for i in st.gpus[g].items), key=self._admitted.__getitem__)
                 it = st.items[st.item_of[victim]]
                 st.take(it)
-                self._reserved[g] -= self._final[victim]
+                self._add_reserved(g, -self._final[victim])
                 self._final[victim] = max(self._final[victim], st.size[victim])
                 self._admit(victim, st.size[victim], src=g)
                 preempted.append(victim)
@@ -135,9 +155,9 @@ class LoadBalanceScheduler(FitScheduler):
     def _shift(self, r: int, dst: int) -> None:
         """Move request r to GPU dst, carrying its reservation."""
         it = self.st.items[self.st.item_of[r]]
-        self._reserved[it.gpu] = self._reserved.get(it.gpu, 0) - self._final[r]
+        self._add_reserved(it.gpu, -self._final[r])
         self.st.move(it, dst)
-        self._reserved[dst] = self._reserved.get(dst, 0) + self._final[r]
+        self._add_reserved(dst, self._final[r])
 
     def _rebalance(self) -> list[Move]:
         st = self.st
