@@ -110,7 +110,8 @@ class FitScheduler:
                     raise ValueError(f"request {r}: size {s} exceeds the capacity C={self.C}")
                 st.grow(r, s)
         preempted: list[int] = []
-        for g in sorted(g for g, gpu in st.gpus.items() if gpu.used > self.C):
+        n = st._next_gpu
+        for g in np.flatnonzero((st.used_arr[:n] > self.C) & (st.label_arr[:n] != -9)).tolist():
             while st.gpus[g].used > self.C:
                 victim = max((st.items[i].members[0] for i in st.gpus[g].items), key=self._admitted.__getitem__)
                 it = st.items[st.item_of[victim]]

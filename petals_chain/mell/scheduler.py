@@ -118,7 +118,8 @@ class MellScheduler:
             else:
                 self._arrive(r, arrivals[r])
             records.append(OpRecord(kind, r, len(st.log) - n0))
-        for g in sorted(g for g, gpu in st.gpus.items() if gpu.used > self.C):
+        n = st._next_gpu
+        for g in np.flatnonzero((st.used_arr[:n] > self.C) & (st.label_arr[:n] != -9)).tolist():
             if g in st.gpus and st.gpus[g].used > self.C:
                 n0 = len(st.log)
                 self._overflow(g)
