@@ -49,7 +49,7 @@ def run(args) -> Summary:
     ax.set_xticks(range(len(cells)), labels, fontsize=7)
     ax.set_ylabel(f"requests held in KV cache (mean, {POOL} GPUs)")
     ax.set_title("Mell Fig. 6: a fixed GPU pool with and without migration")
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(args.out / "mell_fig6.png")
     pyplot.close(fig)
