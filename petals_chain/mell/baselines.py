@@ -41,17 +41,21 @@ class FitScheduler:
 
     def _add_reserved(self, g: int, delta: int) -> None:
         self._reserved[g] = self._reserved.get(g, 0) + delta
-        if g >= self._res_arr.size:
-            self._res_arr = np.resize(self._res_arr, max(2 * self._res_arr.size, g + 1))
+        self._grow_res(g + 1)
         self._res_arr[g] += delta
+
+    def _grow_res(self, n: int) -> None:
+        """Make the reservation mirror hold at least n GPUs (new entries zero)."""
+        if n > self._res_arr.size:
+            self._res_arr = np.concatenate([self._res_arr, np.zeros(max(n, 2 * self._res_arr.size)
+                                                                    - self._res_arr.size, np.int64)])
 
     def _choose(self, size: int, exclude: int = -1) -> int:
         """The GPU the rule picks among those with room for ``size`` (vectorised over GPU ids), or a new one."""
         st = self.st
         n = st._next_gpu
         if self.reserve:
-            if self._res_arr.size < n:
-                self._res_arr = np.resize(self._res_arr, n)
+            self._grow_res(n)
             room = self.C - self._res_arr[:n]
         else:
             room = self.C - st.used_arr[:n]

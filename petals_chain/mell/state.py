@@ -149,12 +149,12 @@ class PackingState:
         self._next_gpu += 1
         if g >= self.used_arr.size:
             n = 2 * self.used_arr.size
-            self.used_arr = np.resize(self.used_arr, n)
-            self.nreq_arr = np.resize(self.nreq_arr, n)
-            self.tcount_arr = np.resize(self.tcount_arr, n)
-            self.lsize_arr = np.resize(self.lsize_arr, n)
-            self.ms_arr = np.resize(self.ms_arr, n)
-            self.minms_arr = np.resize(self.minms_arr, n)
+            self.used_arr = np.concatenate([self.used_arr, np.zeros(n - self.used_arr.size, np.int64)])
+            self.nreq_arr = np.concatenate([self.nreq_arr, np.zeros(n - self.nreq_arr.size, np.int64)])
+            self.tcount_arr = np.concatenate([self.tcount_arr, np.zeros(n - self.tcount_arr.size, np.int64)])
+            self.lsize_arr = np.concatenate([self.lsize_arr, np.zeros(n - self.lsize_arr.size, np.int64)])
+            self.ms_arr = np.concatenate([self.ms_arr, np.zeros(n - self.ms_arr.size, np.int64)])
+            self.minms_arr = np.concatenate([self.minms_arr, np.zeros(n - self.minms_arr.size, np.int64)])
             self.label_arr = np.concatenate([self.label_arr, np.full(n - self.label_arr.size, -9, np.int8)])
         self.used_arr[g] = self.nreq_arr[g] = self.tcount_arr[g] = 0
         self.lsize_arr[g] = self.ms_arr[g] = self.minms_arr[g] = 0

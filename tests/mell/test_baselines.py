@@ -39,6 +39,16 @@ def test_reservation_never_overflows_or_preempts():
             assert capacity_violations(s.st) == []
 
 
+def test_reservation_mirror_matches_the_requests():
+    """The per-GPU reservation the fit rules read equals the final sizes of the requests on that GPU."""
+    s = FitScheduler(C, "best")
+    for _ in run_sequence(s, np.random.default_rng(5), 120, arrivals_per_step=4):
+        for g in s.st.gpus:
+            held = sum(s._final[r] for r, h in s.placement().items() if h == g)
+            assert s._res_arr[g] == held == s._reserved[g]
+    assert s.st.gpus_opened > 64  # past the mirror's first growth
+
+
 def test_preemption_takes_the_newest_request():
     s = FitScheduler(C, "best", reserve=False)
     s.step({1: 400}, [])
