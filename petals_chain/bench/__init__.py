@@ -1,4 +1,4 @@
-"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|moldable``.
+"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|moldable|mell``.
 
 Each module named in :data:`SUBCOMMANDS` defines ``run(argv: list[str] | None) -> int``;
 add a subcommand by adding its module here. Modules load lazily, so one
@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compose": "petals_chain.bench.compose",
     "orchestrator": "petals_chain.bench.orchestrator",
     "moldable": "petals_chain.bench.moldable",
+    "mell": "petals_chain.bench.mell",
 }
 
 

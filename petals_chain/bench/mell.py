@@ -1,0 +1,97 @@
+"""``python -m petals_chain.bench mell``: Mell's scheduler decisions per second at 10³ and 10⁵ live requests.
+
+Builds a live cluster of N requests (ShareGPT ×10 sizes, LLaMA-2-7B on an RTX 4090), then times single
+operations, each its own slot (so every decision is a whole Allocate, Depart or Update with its moves):
+arrivals, completions, and growths that cross a class boundary. Also times one full slot in which every
+live request grows by one token, and, for comparison in the same run, best fit's decisions per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from petals_chain.mell.baselines import FitScheduler
+from petals_chain.mell.classes import SETTINGS, kv_capacity_tokens
+from petals_chain.mell.scheduler import MellScheduler
+from petals_chain.mell.workloads import sharegpt_lengths
+
+
+def _populate(sched, n: int, capacity: int, rng: np.random.Generator) -> dict[int, int]:
+    """N live requests at a uniform point of their lives (prompt + part of the output), in batches of 1000."""
+    lengths = sharegpt_lengths()
+    idx = rng.integers(0, lengths.prompt_tokens.size, n)
+    p = np.minimum(lengths.prompt_tokens[idx] * 10, capacity - 1)
+    o = np.minimum(lengths.output_tokens[idx] * 10, capacity - p)
+    sizes = (p + rng.random(n) * o).astype(np.int64)
+    sizes = np.clip(sizes, 1, capacity)
+    for k in range(0, n, 1000):
+        batch = {r: int(sizes[r]) for r in range(k, min(n, k + 1000))}
+        sched.step(batch, [], None, {r: capacity for r in batch})
+    return {r: int(s) for r, s in enumerate(sizes)}
+
+
+def _time_ops(sched, live: dict[int, int], capacity: int, ops: int, rng: np.random.Generator) -> float:
+    """Decisions per second over ``ops`` single-operation slots (a third each: arrive, depart, cross a class)."""
+    nxt = max(live) + 1
+    bounds = np.array([capacity // 8, capacity // 4, capacity // 3, capacity // 2])
+    t0 = time.perf_counter()
+    for k in range(ops):
+        kind = k % 3
+        if kind == 0:
+            s = int(rng.integers(1, capacity // 2))
+            sched.step({nxt: s}, [], None, {nxt: capacity})
+            live[nxt] = s
+            nxt += 1
+        elif kind == 1:
+            r = next(iter(live))
+            sched.step({}, [r])
+            del live[r]
+        else:
+            r = next(reversed(live))
+            above = bounds[bounds >= live[r]]
+            new = min(capacity, int(above[0]) + 1) if above.size else live[r]
+            sched.step({}, [], {r: new})
+            live[r] = new
+    return ops / (time.perf_counter() - t0)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Print decisions per second of Mell (and best fit) at each population size."""
+    ap = argparse.ArgumentParser(prog="python -m petals_chain.bench mell", description=__doc__)
+    ap.add_argument("--sizes", default="1000,100000", help="live requests, comma-separated (default 1000,100000)")
+    ap.add_argument("--ops", type=int, default=3000, help="timed single-operation slots per size")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")]
+        if any(n < 10 for n in sizes) or args.ops < 3:
+            raise ValueError
+    except ValueError:
+        print(f"error: --sizes must be integers >= 10 and --ops >= 3 (got {args.sizes!r}, {args.ops})")
+        return 2
+    model, gpu = SETTINGS["7b-4090"]
+    C = kv_capacity_tokens(model, gpu)
+    print(f"Mell scheduler, LLaMA-2-7B on an RTX 4090 (C = {C} tokens), ShareGPT x10 sizes")
+    print(f"{'live requests':>14} {'GPUs':>7} {'build s':>8} {'Mell dec/s':>11} {'slot s':>8} {'BF dec/s':>9} "
+          f"{'Mell/BF':>8}")
+    for n in sizes:
+        rng = np.random.default_rng(args.seed)
+        mell = MellScheduler(C)
+        t0 = time.perf_counter()
+        live = _populate(mell, n, C, rng)
+        build = time.perf_counter() - t0
+        gpus = mell.num_gpus()
+        t0 = time.perf_counter()  # one slot in which every live request decodes one token
+        mell.step({}, [], {r: min(C, s + 1) for r, s in live.items()})
+        slot = time.perf_counter() - t0
+        live = {r: min(C, s + 1) for r, s in live.items()}
+        rate = _time_ops(mell, live, C, args.ops, rng)
+        bf = FitScheduler(C, "best", reserve=False)
+        rng = np.random.default_rng(args.seed)
+        bf_live = _populate(bf, n, C, rng)
+        bf_rate = _time_ops(bf, bf_live, C, args.ops, rng)
+        print(f"{n:>14} {gpus:>7} {build:>8.1f} {rate:>11.0f} {slot:>8.3f} {bf_rate:>9.0f} {rate / bf_rate:>8.2f}")
+    return 0
