@@ -1,4 +1,4 @@
-"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator``.
+"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|torta``.
 
 Each module named in :data:`SUBCOMMANDS` defines ``run(argv: list[str] | None) -> int``;
 add a subcommand by adding its module here. Modules load lazily, so one
@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sim": "petals_chain.bench.sim",
     "compose": "petals_chain.bench.compose",
     "orchestrator": "petals_chain.bench.orchestrator",
+    "torta": "petals_chain.bench.torta",
 }
 
 

@@ -17,7 +17,13 @@ EXPERIMENTS: dict[str, str] = {
     "fig6": "fig6_c_curve",
     "fig7": "fig7_c_star",
     "fig8": "fig8_overall",
-    "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
+    "table1": "table1",
+    "torta-fig5a": "torta_fig5a",
+    "torta-fig8": "torta_fig8",
+    "torta-fig9": "torta_fig9",
+    "torta-fig10": "torta_fig10",
+    "torta-fig11": "torta_fig11",
+    "torta-fig12": "torta_fig12",  # live: needs root and a profile (experiments/table1.sh)
 }
 
 
