@@ -47,10 +47,10 @@ class RunSettings:
 
 
 def settings(args: Any) -> RunSettings:
-    """The settings for ``args.quick``: 48 slots, 5 seeds, 15 PPO episodes with a small trunk; else the paper's."""
+    """The settings for ``args.quick``: 32 slots, 5 seeds, 15 PPO episodes with a small trunk; else the paper's."""
     workers = getattr(args, "workers", None) or 2
     if args.quick:
-        return RunSettings(48, 5, 15, DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4), workers)
+        return RunSettings(32, 5, 15, DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4), workers)
     return RunSettings(DEFAULT.slots, 5, 150, DEFAULT, workers)
 
 

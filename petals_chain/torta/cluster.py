@@ -61,6 +61,7 @@ class Cluster:
         self.activations = 0
         t = sc.tasks
         self.served_region = np.full(t.n, -1)
+        self.served_server = np.full(t.n, -1)
         self.wait_s = np.full(t.n, np.nan)
         self.service_s = np.full(t.n, np.nan)
         self.network_s = np.full(t.n, np.nan)
@@ -106,6 +107,7 @@ class Cluster:
         self.last_model[s], self.last_ts[s] = t.model[i], end
         r = self.region[s]
         self.served_region[i] = r
+        self.served_server[i] = s
         self.wait_s[i] = start - t.arrival_s[i]
         self.service_s[i] = dur
         self.network_s[i] = 2 * self.sc.regions.latency_s[t.origin[i], r]

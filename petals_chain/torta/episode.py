@@ -76,6 +76,7 @@ class EpisodeResult:
     metrics: dict[str, float]
     wait_s: np.ndarray
     response_s: np.ndarray
+    cluster: Cluster
 
 
 def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | None = None) -> EpisodeResult:
@@ -156,7 +157,7 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
                "switching": float(np.mean(switching)), "load_balance": float(np.mean(lbs)),
                "activations": float(c.activations), "unserved": float((~done).sum()), "tasks": float(tasks.n),
                "macro_switching": float(np.mean(macro_a_switch)) if macro_a_switch else float("nan")}
-    return EpisodeResult(metrics, c.wait_s, resp)
+    return EpisodeResult(metrics, c.wait_s, resp, c)
 
 
 def _retry(c: Cluster, method: str, now_s: float) -> None:

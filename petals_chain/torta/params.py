@@ -79,6 +79,7 @@ class TortaParams:
     lr_decay: float = 0.995
     lr_decay_every: int = 100
     clip: float = 0.2
+    entropy_coef: float = 0.0
     gamma: float = 0.99
     gae: float = 0.95
     epochs: int = 10
@@ -111,7 +112,10 @@ class TortaParams:
     sdib_w: float = 0.5
 
     def __post_init__(self) -> None:
-        positive = ("slot_s", "proc_min_s", "target_load", "ot_w1", "ot_w2", "lr", "eps_target", "s_target",
+        for name in ("ot_w1", "ot_w2", "lambda1", "lambda2", "sigma"):
+            if not getattr(self, name) >= 0:
+                raise TortaParamError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        positive = ("slot_s", "proc_min_s", "target_load", "lr", "eps_target", "s_target",
                     "eps0", "s0", "slots", "server_slots", "history_k", "minibatch", "epochs")
         for name in positive:
             if not getattr(self, name) > 0:

@@ -14,6 +14,9 @@ from torch import nn
 from petals_chain.torta.params import TortaParams
 
 
+MEAN_FLOOR = 0.02  # ⚑ the Beta means are kept in [0.02, 0.98] while sampling; the deterministic action is not
+
+
 def _mlp(inp: int, out: int, hidden: tuple[int, ...]) -> nn.Sequential:
     """A ReLU trunk (the paper's is 256-512-256) with a linear head."""
     layers: list[nn.Module] = []
@@ -42,11 +45,12 @@ class BetaPolicy(nn.Module):
         out = self.net(obs)
         z = out[..., :n2]
         if self.anchored:
-            p = anchor.reshape(z.shape).clamp(1e-3, 1 - 1e-3)
+            p = anchor.reshape(z.shape).clamp(1e-4, 1 - 1e-4)
             z = z + torch.log(p) - torch.log1p(-p)
-        m = torch.sigmoid(z).clamp(1e-4, 1 - 1e-4)
+        m = torch.sigmoid(z)
+        ms = m.clamp(MEAN_FLOOR, 1 - MEAN_FLOOR)  # sampling only: Beta means near 0 make log-probs explode
         k = 2.0 + nn.functional.softplus(out[..., n2:])
-        return torch.distributions.Beta(m * k, (1 - m) * k), m
+        return torch.distributions.Beta(ms * k, (1 - ms) * k), m
 
     def mean_action(self, m: torch.Tensor) -> torch.Tensor:
         """Deterministic A_t: the row-normalised mean."""
@@ -116,7 +120,7 @@ def ppo_update(policy: BetaPolicy, value: ValueNet, opt: torch.optim.Optimizer, 
             adv = batch["adv"][idx]
             l_ppo = -torch.min(ratio * adv, ratio.clamp(1 - p.clip, 1 + p.clip) * adv).mean()
             l_v = (value(batch["obs"][idx]) - batch["ret"][idx]).pow(2).mean()
-            loss = l_ppo + 0.5 * l_v - 1e-3 * d.entropy().sum(-1).mean()
+            loss = l_ppo + 0.5 * l_v - p.entropy_coef * d.entropy().sum(-1).mean()
             if use_ot:
                 a = policy.mean_action(m)
                 gap = (a.flatten(-2) - batch["prob"][idx]).pow(2).sum(-1).sqrt()

@@ -42,7 +42,7 @@ def _rollout(env: FluidMacroEnv, policy: BetaPolicy, gen: torch.Generator) -> di
         anchor = anchor_of(env.a_prev, prob, env.sc.params)
         with torch.no_grad():
             d, _ = policy.dist(torch.as_tensor(obs)[None], torch.as_tensor(anchor, dtype=torch.float32)[None])
-            x = d.sample()[0].clamp(1e-5, 1 - 1e-5)
+            x = d.sample()[0].clamp(1e-3, 1 - 1e-3)
             logp = d.log_prob(x[None]).sum(-1)[0]
         nxt, reward, done, _, info = env.step(x.numpy().reshape(env.n_r, env.n_r))
         for k, v in (("obs", obs), ("prob", prob.ravel()), ("anchor", anchor.ravel()), ("x", x.numpy()),
