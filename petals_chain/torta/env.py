@@ -56,7 +56,7 @@ class FluidMacroEnv(gym.Env):
         self.q = np.zeros(self.n_r)
         self.u = np.zeros(self.n_r)
         self.a_prev = np.full((self.n_r, self.n_r), 1.0 / self.n_r)
-        return self._observe(), {"prob": self.prob}
+        return self._observe(), {"prob": self.prob.copy()}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Apply A_t to slot t's arrivals; reward (3); move to slot t+1."""
@@ -70,7 +70,7 @@ class FluidMacroEnv(gym.Env):
         reward = -p.lambda1 * switch - p.lambda2 * self.q.sum() / self.q_max
         if self.use_ot_reward:
             reward -= dist
-        info = {"ot_distance": float(np.sqrt(dist)), "switching": switch, "prob": self.prob,
+        info = {"ot_distance": float(np.sqrt(dist)), "switching": switch, "prob": self.prob.copy(),
                 "queue": float(self.q.sum())}
         self.a_prev = a
         self.t += 1
