@@ -1,6 +1,6 @@
 """Server choice of every method, given the cluster state: TORTA's greedy, SkyLB, SDIB and round robin.
 
-docs/torta.md, "Baselines". Each chooser returns a server index, or −1 when the task must wait in
+docs/torta.md, "Methods". Each chooser returns a server index, or −1 when the task must wait in
 the buffer of the region the method names.
 """
 

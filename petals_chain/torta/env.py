@@ -1,6 +1,6 @@
 """Gymnasium environments of the macro MDP: a fast region-level fluid model (for PPO) over a seeded scenario.
 
-docs/torta.md, "Environments". Action: A_t (R×R, rows normalised inside); reward (3):
+docs/torta.md, "Macro layer: PPO". Action: A_t (R×R, rows normalised inside); reward (3):
 r_t = −‖A_t − Prob_t‖²_F − λ1‖A_t − A_{t−1}‖²_F − λ2‖Q_t‖₁/Q_max (the first term dropped for RL-no-OT).
 """
 

@@ -1,6 +1,6 @@
 """The paper's metrics: load balance (11), prediction accuracy (12), switching cost, and mean ± CI helpers.
 
-docs/torta.md, "Metrics".
+docs/torta.md, "Simulator".
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every tunable of the TORTA model in one place: the paper's stated values and our defaults for its open points.
 
-Each field marked ⚑ is a choice the paper leaves open; docs/torta.md ("Open points and our defaults") says why.
+Each field marked ⚑ is a choice the paper leaves open; docs/torta.md says why, section by section.
 """
 
 from __future__ import annotations
