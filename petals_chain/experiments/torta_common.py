@@ -120,7 +120,8 @@ def ratio_lines(rows: list[dict[str, Any]], key: str, label: str, fmt: str = ".2
         for m in ORDER:
             mu, hw = stat(rows, topo, m, key)
             parts.append(f"{m} {mu:{fmt}} ± {hw:{fmt}}")
-        ours = stat(rows, topo, "TORTA", key)[0] / stat(rows, topo, "SkyLB", key)[0] - 1
+        sky = stat(rows, topo, "SkyLB", key)[0]
+        ours = stat(rows, topo, "TORTA", key)[0] / sky - 1 if sky else float("nan")
         pap = PAPER[key][topo][0] / PAPER[key][topo][1] - 1 if key in PAPER else float("nan")
         lines.append(f"{PAPER_NAME[topo]} {label}: " + "; ".join(parts)
                      + f". TORTA vs SkyLB {ours:+.1%} (paper {pap:+.1%})")

@@ -17,7 +17,8 @@ def run(args) -> Summary:
     lines = ratio_lines(rows, "power_cost", "power cost (€)") + ratio_lines(rows, "switching", "switching",
                                                                              fmt=".3f")
     ok = [PAPER_NAME[t] for t in TOPOLOGIES
-          if stat(rows, t, "TORTA", "switching")[0] <= 0.7 * stat(rows, t, "SkyLB", "switching")[0]]
+          if stat(rows, t, "TORTA", "switching")[0] <= 0.7 * stat(rows, t, "SkyLB", "switching")[0]
+          and stat(rows, t, "SkyLB", "switching")[0] > 0]
     lines.append(f"switching(TORTA) ≤ 0.7 × switching(SkyLB) on: {', '.join(ok) or 'none'}")
     paper = [f"{PAPER_NAME[t]}: power " + "/".join(str(v) for v in PAPER["power_cost"][t]) + " $K, overhead "
              + "/".join(str(v) for v in PAPER["switching"][t]) for t in TOPOLOGIES]

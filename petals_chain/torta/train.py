@@ -157,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ot", action="store_true", help="the RL-without-OT ablation")
     ap.add_argument("--out", type=Path, default=REPO / "results")
     args = ap.parse_args(argv)
-    episodes = args.episodes or (40 if args.quick else 300)
+    episodes = args.episodes if args.episodes is not None else (15 if args.quick else 150)
     if episodes < 1:
         print("error: --episodes must be >= 1", file=sys.stderr)
         return 2
-    slots = 120 if args.quick else DEFAULT.slots
-    sc = make_scenario(args.topology, DEFAULT, args.seed, slots)
+    params = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4) if args.quick else DEFAULT
+    slots = 32 if args.quick else DEFAULT.slots
+    sc = make_scenario(args.topology, params, args.seed, slots)
     res = train([sc], oracle_forecast, episodes, args.seed, use_ot=not args.no_ot,
                 checkpoint_dir=args.out / "checkpoints")
     name = f"torta-train-{args.topology}"
