@@ -117,12 +117,12 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
                 a_t = policy(obs, (1 - p.anchor_mix) * a_prev + p.anchor_mix * prob)
             macro_a_switch.append(switching_cost(a_t, a_prev))
             inflow = f @ a_t
-            for r in range(n_r):
+            for r in range(n_r) if t >= p.warm_start_slots else ():
                 c.resize(r, pool_target(queue[r], inflow[r], int(sizes[r]), c.per_server[r] * p.util_target, p), now,
                          util_prev)
             a_prev = a_t
         else:
-            for r in range(n_r):
+            for r in range(n_r) if t >= p.warm_start_slots else ():
                 c.resize(r, reactive_target(routed_last[r] + queue[r], int(sizes[r]), c.per_server[r] * p.util_target,
                                             p), now, util_prev)
         c.charge_idle(now)

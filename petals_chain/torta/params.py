@@ -105,6 +105,7 @@ class TortaParams:
     server_slots: int = 2  # concurrent tasks per GPU (⚑)
     retry_s: float = 5.0  # buffered tasks are retried this often (⚑)
     min_active: int = 1
+    warm_start_slots: int = 5  # every server stays on for the first slots, until the predictor has history (⚑)
     util_target: float = 0.8  # pool sizing aims at this utilisation, for every method (⚑)
     warmup_min_s: float = 60.0
     warmup_max_s: float = 180.0
