@@ -1,4 +1,4 @@
-"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|moldable|mell``.
+"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|moldable|mell|torta``.
 
 Each module named in :data:`SUBCOMMANDS` defines ``run(argv: list[str] | None) -> int``;
 add a subcommand by adding its module here. Modules load lazily, so one
@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "orchestrator": "petals_chain.bench.orchestrator",
     "moldable": "petals_chain.bench.moldable",
     "mell": "petals_chain.bench.mell",
+    "torta": "petals_chain.bench.torta",
 }
 
 

@@ -26,6 +26,12 @@ EXPERIMENTS: dict[str, str] = {
     "mell-fig13": "mell_fig13",
     "mell-fig14": "mell_fig14",
     "mell-fig15": "mell_fig15",
+    "torta-fig5a": "torta_fig5a",
+    "torta-fig8": "torta_fig8",
+    "torta-fig9": "torta_fig9",
+    "torta-fig10": "torta_fig10",
+    "torta-fig11": "torta_fig11",
+    "torta-fig12": "torta_fig12",
 }
 
 

@@ -58,7 +58,7 @@ def update_readme(out_dir: Path, summary: Summary) -> Path:
     path = out_dir / "README.md"
     head = "# Results\n\nWritten by `python -m petals_chain.experiments NAME`; each section says the command.\n"
     text = path.read_text() if path.exists() else head
-    sections = dict(re.findall(r"(?ms)^<!-- (\w+) -->\n(.*?)(?=^<!-- \w+ -->|\Z)", text))
+    sections = dict(re.findall(r"(?ms)^<!-- ([\w-]+) -->\n(.*?)(?=^<!-- [\w-]+ -->|\Z)", text))
     body = [f"## {summary.name}: {summary.title}", "", f"Command: `{summary.command}`", "",
             f"![{summary.name}]({summary.name}.png)", ""]
     body += [f"- {line}" for line in summary.lines]

@@ -1,0 +1,150 @@
+"""What the TORTA figures share: run settings, the per-topology comparison (cached per seed) and the paper's numbers.
+
+docs/torta.md, "Experiments". Figs 8–11 read the same comparison rows, so it is computed once per
+(seed, quick) and kept in results/torta-runs[-quick].csv.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from petals_chain.experiments.common import mean_ci, write_csv
+from petals_chain.sim.montecarlo import run_replications
+from petals_chain.torta.compare import Setup, evaluate, prepare
+from petals_chain.torta.params import DEFAULT, TortaParams
+from petals_chain.torta.train import plot_curve
+
+TOPOLOGIES = ("abilene", "polska", "gabriel25", "cost266")
+PAPER_NAME = {"abilene": "Abilene", "polska": "Polska", "gabriel25": "Gabriel", "cost266": "Cost2"}
+ORDER = ("TORTA", "SkyLB", "SDIB", "RR", "OT-only", "RL-no-OT")
+# Figs 8, 9, 10 of the paper: (TORTA, SkyLB, SDIB, RR)
+PAPER = {
+    "mean_response_s": {"abilene": (16.39, 18.72, 19.66, 21.50), "cost266": (19.31, 21.58, 22.51, 24.39),
+                        "gabriel25": (17.58, 20.07, 21.10, 22.92), "polska": (19.19, 20.53, 21.53, 23.18)},
+    "load_balance": {"abilene": (.765, .733, .735, .716), "cost266": (.743, .714, .709, .688),
+                     "gabriel25": (.755, .729, .726, .708), "polska": (.745, .715, .708, .686)},
+    "power_cost": {"abilene": (12.5, 14.3, 14.3, 14.7), "cost266": (11.1, 13.2, 13.2, 13.3),
+                   "gabriel25": (10.7, 12.8, 12.8, 12.9), "polska": (14.1, 15.2, 15.2, 15.3)},
+    "switching": {"abilene": (0.8, 2.9, 2.8, 3.7), "cost266": (2.7, 4.4, 4.3, 5.1),
+                  "gabriel25": (1.3, 3.3, 3.2, 4.0), "polska": (2.3, 3.4, 3.4, 4.0)},
+}
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Horizon, seeds, training episodes and parameters of a run (``--quick`` shrinks all of them)."""
+
+    slots: int
+    seeds: int
+    episodes: int
+    params: TortaParams
+    workers: int
+
+
+def settings(args: Any) -> RunSettings:
+    """The settings for ``args.quick``: 32 slots, 5 seeds, 15 PPO episodes with a small trunk; else the paper's."""
+    workers = getattr(args, "workers", None) or 2
+    if args.quick:
+        return RunSettings(32, 5, 15, DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4), workers)
+    return RunSettings(DEFAULT.slots, 5, 150, DEFAULT, workers)
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One evaluation seed of one topology (picklable for the process pool)."""
+
+    setup: Setup
+    accuracy: float | None = None
+    methods: tuple[str, ...] = ORDER
+
+    def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+        """All methods on the scenario of this replication's seed; rows under key 'rows'."""
+        s = int(seed.generate_state(1)[0] % 2**31)
+        return {"rows": evaluate(self.setup, s, self.methods, self.accuracy)}
+
+
+def setup_for(topology: str, args: Any, rs: RunSettings) -> Setup:
+    """Train (predictor, TORTA policy, RL-no-OT policy) for one topology; writes its learning curve."""
+    st = prepare(topology, rs.params, rs.slots, rs.episodes, args.seed, checkpoint_dir=args.out / "checkpoints")
+    name = f"torta-train-{topology}"
+    write_csv(args.out / f"{name}.csv", st.curve)
+    plot_curve(st.curve, args.out / f"{name}.png", f"PPO on {topology} (seed {args.seed}, {rs.episodes} episodes)")
+    return st
+
+
+def comparison_rows(args: Any) -> list[dict[str, Any]]:
+    """Every method × topology × seed (cached in results/torta-runs[-quick].csv for this --seed)."""
+    path = args.out / f"torta-runs{'-quick' if args.quick else ''}.csv"
+    cached = read_rows(path)
+    if cached and all(int(r["base_seed"]) == args.seed for r in cached):
+        return cached
+    rs = settings(args)
+    rows: list[dict[str, Any]] = []
+    for topo in TOPOLOGIES:
+        st = setup_for(topo, args, rs)
+        out = run_replications(EvalTask(st), rs.seeds, args.seed, workers=rs.workers, desc=f"eval {topo}")
+        for rep in out:
+            rows += [{**r, "base_seed": args.seed} for r in rep["rows"]]
+    write_csv(path, rows)
+    return read_rows(path)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a comparison CSV with numbers parsed ([] if missing)."""
+    if not path.exists():
+        return []
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for k, v in r.items():
+            if k not in ("topology", "method"):
+                r[k] = float(v)
+    return rows
+
+
+def stat(rows: list[dict[str, Any]], topo: str, method: str, key: str) -> tuple[float, float]:
+    """Mean and 95 % CI half-width of ``key`` over seeds."""
+    return mean_ci([r[key] for r in rows if r["topology"] == topo and r["method"] == method])
+
+
+def ratio_lines(rows: list[dict[str, Any]], key: str, label: str, fmt: str = ".2f") -> list[str]:
+    """One line per topology: every method's mean ± CI, TORTA/SkyLB ratio, and the paper's ratio."""
+    lines = []
+    for topo in TOPOLOGIES:
+        parts = []
+        for m in ORDER:
+            mu, hw = stat(rows, topo, m, key)
+            parts.append(f"{m} {mu:{fmt}} ± {hw:{fmt}}")
+        sky = stat(rows, topo, "SkyLB", key)[0]
+        ours = stat(rows, topo, "TORTA", key)[0] / sky - 1 if sky else float("nan")
+        pap = PAPER[key][topo][0] / PAPER[key][topo][1] - 1 if key in PAPER else float("nan")
+        lines.append(f"{PAPER_NAME[topo]} {label}: " + "; ".join(parts)
+                     + f". TORTA vs SkyLB {ours:+.1%} (paper {pap:+.1%})")
+    return lines
+
+
+def bar_plot(rows: list[dict[str, Any]], keys: list[tuple[str, str]], path: Path, title: str) -> None:
+    """Grouped bars (topology × method) with 95 % CI error bars, one panel per key."""
+    from petals_chain.experiments.common import plt
+
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, len(keys), figsize=(6.5 * len(keys), 4), squeeze=False)
+    width = 0.8 / len(ORDER)
+    for ax, (key, label) in zip(axes[0], keys):
+        for j, m in enumerate(ORDER):
+            st = [stat(rows, t, m, key) for t in TOPOLOGIES]
+            ax.bar(np.arange(len(TOPOLOGIES)) + j * width, [s[0] for s in st], width,
+                   yerr=[0 if np.isnan(s[1]) else s[1] for s in st], capsize=2, label=m)
+        ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2)
+        ax.set_xticklabels([PAPER_NAME[t] for t in TOPOLOGIES])
+        ax.set_ylabel(label)
+    axes[0][0].legend(ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot.close(fig)

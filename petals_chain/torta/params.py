@@ -1,0 +1,142 @@
+"""Every tunable of the TORTA model in one place: the paper's stated values and our defaults for its open points.
+
+Each field marked ⚑ is a choice the paper leaves open; docs/torta.md says why, section by section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+
+class TortaParamError(ValueError):
+    """A TORTA parameter is out of range; the message names the field."""
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    """One GPU model: speed relative to an A100, memory, idle/peak power and the task type it suits."""
+
+    name: str
+    speed: float
+    memory_bytes: float
+    idle_w: float
+    peak_w: float
+    suits: int  # task type it matches (0 compute, 1 memory, 2 lightweight)
+    count_range: tuple[int, int]  # system-wide count range of Table I(b)
+
+
+# Table I(b) counts; speeds, memory and power are datasheet-level figures (⚑ speeds/power not in the paper)
+GPU_KINDS: tuple[GpuKind, ...] = (
+    GpuKind("A100", 1.0, 40e9, 60.0, 400.0, 0, (40, 60)),
+    GpuKind("H100", 1.6, 80e9, 100.0, 700.0, 0, (20, 40)),
+    GpuKind("RTX4090", 0.8, 24e9, 30.0, 450.0, 2, (40, 60)),
+    GpuKind("V100", 0.6, 32e9, 40.0, 300.0, 1, (60, 80)),
+    GpuKind("T4", 0.35, 16e9, 10.0, 70.0, 2, (40, 60)),
+)
+
+# Table I(a): diameter latency per topology (ms) that shortest-path km are scaled to (⚑ scaling rule)
+DIAMETER_MS = {"abilene": 25.0, "polska": 45.0, "gabriel25": 80.0, "cost266": 150.0}
+
+
+@dataclass(frozen=True)
+class TortaParams:
+    """The model's parameters; ``with_(**kw)`` returns a checked copy with some overridden."""
+
+    # time (§V-A): 480 slots of 45 s = 6 h
+    slot_s: float = 45.0
+    slots: int = 480
+    # workload (⚑ processing time range, load, diurnal shape, surge)
+    proc_min_s: float = 10.0
+    proc_max_s: float = 25.0
+    target_load: float = 0.5
+    diurnal_amplitude: float = 0.5
+    start_utc_h: float = 12.0
+    surge_factor: float = 2.5
+    surge_slots: int = 40
+    n_models: int = 3
+    model_switch_s: float = 5.6  # Fig 3: loading a model on a V100 (⚑ warm-cache speed-up not modelled)
+    deadline_factor: float = 3.0
+    # electricity price range, €/kWh (⚑ seeded draw; Eurostat non-household 2023-H2 min/max)
+    price_min: float = 0.089
+    price_max: float = 0.276
+    # OT (2): C = w1·price + w2·(latency + bandwidth cost)
+    ot_w1: float = 100.0
+    ot_w2: float = 1.0
+    ot_mode: str = "balanced"  # or "unbalanced" (⚑)
+    nu_total: bool = True  # ν = total capacity shares (paper); False: capacity minus queue (⚑)
+    ot_unbalanced_reg: float = 0.05
+    ot_unbalanced_tau: float = 0.5
+    # predictor (§V-B)
+    history_k: int = 5
+    anchor_mix: float = 0.3  # η of the policy's anchor (1 − η)·A_{t−1} + η·Prob_t (⚑)
+    # reward (3) (⚑ λ1, λ2, Q_max)
+    lambda1: float = 0.5
+    lambda2: float = 0.5
+    policy_hidden: tuple[int, ...] = (256, 512, 256)  # §V-B; --quick runs use a smaller trunk (⚑)
+    # PPO (⚑ clip, γ, GAE, epochs, minibatch)
+    lr: float = 3e-4
+    lr_decay: float = 0.995
+    lr_decay_every: int = 100
+    clip: float = 0.2
+    entropy_coef: float = 0.0
+    gamma: float = 0.99
+    gae: float = 0.95
+    epochs: int = 10
+    minibatch: int = 64
+    # constrained loss (5) and Algorithm 2 (⚑ γ0, δ0, a_γ, a_δ, ε0, s0, E)
+    eps_target: float = 0.15
+    s_target: float = 2.5
+    gamma0: float = 1.0
+    delta0: float = 1.0
+    a_gamma: float = 1.0
+    a_delta: float = 1.0
+    eps0: float = 0.15
+    s0: float = 2.5
+    s_update_every: int = 10
+    alpha: float = 1.0
+    beta: float = 1.0
+    # micro layer (6)-(10) (⚑ σ, weights, λ of locality, slots per server)
+    sigma: float = 1.5
+    w_hw: float = 1.0 / 3
+    w_load: float = 1.0 / 3
+    w_locality: float = 1.0 / 3
+    locality_decay_per_s: float = 1.0 / 300
+    server_slots: int = 2  # concurrent tasks per GPU (⚑)
+    retry_s: float = 5.0  # buffered tasks are retried this often (⚑)
+    min_active: int = 1
+    warm_start_slots: int = 5  # every server stays on for the first slots, until the predictor has history (⚑)
+    util_target: float = 0.8  # pool sizing aims at this utilisation, for every method (⚑)
+    warmup_min_s: float = 60.0
+    warmup_max_s: float = 180.0
+    # baselines (⚑ SDIB weight; SkyLB max concurrency = server_slots)
+    sdib_w: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("ot_w1", "ot_w2", "lambda1", "lambda2", "sigma"):
+            if not getattr(self, name) >= 0:
+                raise TortaParamError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        positive = ("slot_s", "proc_min_s", "target_load", "lr", "eps_target", "s_target",
+                    "eps0", "s0", "slots", "server_slots", "history_k", "minibatch", "epochs")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise TortaParamError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.proc_max_s < self.proc_min_s:
+            raise TortaParamError(f"proc_max_s: must be >= proc_min_s ({self.proc_min_s}), got {self.proc_max_s}")
+        if self.ot_mode not in ("balanced", "unbalanced"):
+            raise TortaParamError(f"ot_mode: must be 'balanced' or 'unbalanced', got {self.ot_mode!r}")
+        if not 0 <= self.diurnal_amplitude < 1:
+            raise TortaParamError(f"diurnal_amplitude: must be in [0, 1), got {self.diurnal_amplitude}")
+        if self.price_max < self.price_min or self.price_min <= 0:
+            raise TortaParamError(f"price_max: need 0 < price_min <= price_max, got {self.price_min}, {self.price_max}")
+
+    def with_(self, **overrides: Any) -> TortaParams:
+        """A copy with ``overrides`` applied (TortaParamError for an unknown field)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise TortaParamError(f"{unknown[0]}: unknown parameter")
+        return replace(self, **overrides)
+
+
+DEFAULT = TortaParams()

@@ -1,0 +1,177 @@
+"""Training of the macro policy with PPO on the fluid environment; CLI with --seed, progress, checkpoints, curve.
+
+``python -m petals_chain.torta.train --topology abilene [--episodes N] [--quick] [--seed S] [--out DIR]``
+writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt.
+docs/torta.md, "Macro layer: PPO".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.env import FluidMacroEnv
+from petals_chain.torta.episode import Forecast
+from petals_chain.torta.ppo import BetaPolicy, ValueNet, anchor_of, gae, ppo_update, schedule
+
+
+@dataclass
+class TrainResult:
+    """The trained policy and one learning-curve row per episode."""
+
+    policy: BetaPolicy
+    curve: list[dict[str, float]]
+
+
+def _rollout(env: FluidMacroEnv, policy: BetaPolicy, gen: torch.Generator) -> dict[str, np.ndarray]:
+    """One stochastic episode: observations, OT plans, Beta samples, log-probs, rewards, distances, switches."""
+    obs, info = env.reset()
+    keys = ("obs", "prob", "anchor", "x", "logp", "reward", "dist", "switch", "prob_switch")
+    rec: dict[str, list] = {k: [] for k in keys}
+    prev_prob = info["prob"]
+    done = False
+    while not done:
+        prob = env.prob
+        anchor = anchor_of(env.a_prev, prob, env.sc.params)
+        with torch.no_grad():
+            d, _ = policy.dist(torch.as_tensor(obs)[None], torch.as_tensor(anchor, dtype=torch.float32)[None])
+            x = d.sample()[0].clamp(1e-3, 1 - 1e-3)
+            logp = d.log_prob(x[None]).sum(-1)[0]
+        nxt, reward, done, _, info = env.step(x.numpy().reshape(env.n_r, env.n_r))
+        for k, v in (("obs", obs), ("prob", prob.ravel()), ("anchor", anchor.ravel()), ("x", x.numpy()),
+                     ("logp", float(logp)), ("reward", reward), ("dist", info["ot_distance"]),
+                     ("switch", info["switching"]),
+                     ("prob_switch", float(((prob - prev_prob) ** 2).sum()))):
+            rec[k].append(v)
+        prev_prob = prob
+        obs = nxt
+    return {k: np.asarray(v, dtype=np.float32) for k, v in rec.items()}
+
+
+def deterministic_distance(env: FluidMacroEnv, policy: BetaPolicy) -> tuple[float, float, float]:
+    """Mean ‖A − Prob‖_F, mean ‖A_t − A_{t−1}‖²_F and mean reward of the deterministic policy on ``env``."""
+    obs, _ = env.reset()
+    dist, sw, rew, done = [], [], [], False
+    while not done:
+        a = policy.act(obs, anchor_of(env.a_prev, env.prob, env.sc.params))
+        obs, r, done, _, info = env.step(a)
+        dist.append(info["ot_distance"])
+        sw.append(info["switching"])
+        rew.append(r)
+    return float(np.mean(dist)), float(np.mean(sw[1:])), float(np.mean(rew))
+
+
+def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: int, use_ot: bool = True,
+          checkpoint_dir: Path | None = None, checkpoint_every: int = 50, progress: bool = True) -> TrainResult:
+    """PPO over ``episodes`` episodes cycling through ``scenarios``; Algorithm 2 updates γ_t, δ_t."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    p = scenarios[0].params
+    envs = [FluidMacroEnv(sc, forecast, use_ot_reward=use_ot) for sc in scenarios]
+    n_r = envs[0].n_r
+    policy = BetaPolicy(envs[0].observation_space.shape[0], n_r, anchored=use_ot, hidden=p.policy_hidden)
+    value = ValueNet(envs[0].observation_space.shape[0], hidden=p.policy_hidden)
+    opt = torch.optim.Adam(list(policy.parameters()) + list(value.parameters()), lr=p.lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=p.lr_decay_every, gamma=p.lr_decay)
+    gamma_t, delta_t, s_current = p.gamma0, p.delta0, p.s_target
+    k0_hist, rl_hist, curve = [], [], []
+    for ep in tqdm(range(episodes), desc=f"PPO {scenarios[0].regions.name}", unit="ep", disable=not progress):
+        env = envs[ep % len(envs)]
+        roll = _rollout(env, policy, gen)
+        with torch.no_grad():
+            values = value(torch.as_tensor(roll["obs"])).numpy()
+        adv, ret = gae(roll["reward"], values, p.gamma, p.gae)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        batch = {"obs": torch.as_tensor(roll["obs"]), "prob": torch.as_tensor(roll["prob"]),
+                 "anchor": torch.as_tensor(roll["anchor"]),
+                 "x": torch.as_tensor(roll["x"]), "logp": torch.as_tensor(roll["logp"]),
+                 "adv": torch.as_tensor(adv, dtype=torch.float32), "ret": torch.as_tensor(ret, dtype=torch.float32)}
+        stats = ppo_update(policy, value, opt, batch, p, gamma_t, delta_t, s_current, use_ot, gen)
+        sched.step()
+        k0_hist.append(float(roll["prob_switch"][1:].mean()))
+        rl_hist.append(float(roll["switch"][1:].mean()))
+        if (ep + 1) % p.s_update_every == 0:
+            k0 = float(np.mean(k0_hist[-p.s_update_every:]))
+            s_current = k0 / max(float(np.mean(rl_hist[-p.s_update_every:])), 1e-9)
+            gap = float(roll["dist"].mean())
+            lr_ok = (1 - 1 / max(s_current, 1e-9)) / p.eps_target > 0  # L_R, L_P finite-difference bound (⚑)
+            gamma_t, delta_t = schedule(gamma_t, delta_t, gap, s_current, lr_ok, p)
+        curve.append({"episode": ep, "mean_reward": float(roll["reward"].mean()),
+                      "ot_distance": float(roll["dist"].mean()), "switching": float(roll["switch"][1:].mean()),
+                      "k0": k0_hist[-1], "s_current": s_current, "gamma_t": gamma_t, "delta_t": delta_t,
+                      "loss": stats["loss"], "lr": float(sched.get_last_lr()[0])})
+        if checkpoint_dir is not None and ((ep + 1) % checkpoint_every == 0 or ep + 1 == episodes):
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "episode": ep + 1,
+                        "regions": n_r, "anchored": use_ot, "hidden": list(p.policy_hidden)},
+                       checkpoint_dir / f"{scenarios[0].regions.name}-ep{ep + 1}.pt")
+    return TrainResult(policy, curve)
+
+
+def load_policy(path: Path, obs_dim: int) -> BetaPolicy:
+    """A policy restored from a checkpoint written by :func:`train`."""
+    state = torch.load(path, weights_only=True)
+    policy = BetaPolicy(obs_dim, int(state["regions"]), anchored=bool(state["anchored"]),
+                        hidden=tuple(state["hidden"]))
+    policy.load_state_dict(state["policy"])
+    return policy
+
+
+def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
+    """Learning curve PNG: mean reward, OT distance and switching per episode."""
+    from petals_chain.experiments.common import plt
+
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, 3, figsize=(13, 3.6))
+    ep = [r["episode"] for r in curve]
+    for ax, key, label in zip(axes, ("mean_reward", "ot_distance", "switching"),
+                              ("mean reward per slot", "‖A − Prob‖_F (sampled)", "‖A_t − A_{t−1}‖²_F")):
+        ax.plot(ep, [r[key] for r in curve])
+        ax.set_xlabel("episode")
+        ax.set_ylabel(label)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    pyplot.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: train on one topology's scenario and write the curve and checkpoints."""
+    from petals_chain.experiments.common import REPO, write_csv
+    from petals_chain.torta.episode import make_scenario, oracle_forecast
+    from petals_chain.torta.params import DEFAULT
+    from petals_chain.torta.topology import TOPOHUB_KEYS
+
+    ap = argparse.ArgumentParser(prog="python -m petals_chain.torta.train", description=__doc__)
+    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS))
+    ap.add_argument("--episodes", type=int, default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--no-ot", action="store_true", help="the RL-without-OT ablation")
+    ap.add_argument("--out", type=Path, default=REPO / "results")
+    args = ap.parse_args(argv)
+    episodes = args.episodes if args.episodes is not None else (15 if args.quick else 150)
+    if episodes < 1:
+        print("error: --episodes must be >= 1", file=sys.stderr)
+        return 2
+    params = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4) if args.quick else DEFAULT
+    slots = 32 if args.quick else DEFAULT.slots
+    sc = make_scenario(args.topology, params, args.seed, slots)
+    res = train([sc], oracle_forecast, episodes, args.seed, use_ot=not args.no_ot,
+                checkpoint_dir=args.out / "checkpoints")
+    name = f"torta-train-{args.topology}"
+    write_csv(args.out / f"{name}.csv", res.curve)
+    plot_curve(res.curve, args.out / f"{name}.png", f"PPO on {args.topology} (seed {args.seed})")
+    print(f"{name}: reward {res.curve[0]['mean_reward']:.3f} -> {res.curve[-1]['mean_reward']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
