@@ -8,7 +8,7 @@ from pathlib import Path
 REQ = Path(__file__).resolve().parents[2] / "requirements"
 LOCKED_FILES = ("hivemind.txt", "petals-deps.txt", "project.txt", "extra.txt")
 # torch and what only torch needs: install.sh lets a GPU user pick another torch build, so none of them is pinned.
-# networkx is torch's too, but petals_chain.torta needs it itself (pinned in project.txt), so it is no longer torch-only.
+# networkx is torch's too, but petals_chain.torta needs it itself (pinned in project.txt): not torch-only.
 TORCH_ONLY = ("torch", "sympy", "mpmath", "jinja2", "markupsafe", "triton")
 
 
