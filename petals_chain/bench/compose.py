@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from petals_chain.bench.timing import best_of
 from petals_chain.compose.capacity import max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.gca import gca
@@ -30,16 +31,6 @@ def bench_servers(J: int, eta: float, rng: np.random.Generator) -> list[ServerSp
     return out
 
 
-def _best_of(fn, repeat: int) -> float:
-    """Fastest wall time of `repeat` calls (seconds): the least disturbed by a noisy machine."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def run(argv: list[str] | None = None) -> int:
     """Print one row per J: GBP-CR and GCA at c=7, and the full sweep c = 1..c_max with bounds."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.bench compose", description=__doc__)
@@ -60,9 +51,9 @@ def run(argv: list[str] | None = None) -> int:
         servers = bench_servers(J, args.eta, rng)
         lam = args.rate_per_server * J
         placement = gbp_cr(servers, BLOOM, args.c, lam)
-        t_gbp = _best_of(lambda s=servers, lam=lam: gbp_cr(s, BLOOM, args.c, lam), 3)
+        t_gbp = best_of(lambda s=servers, lam=lam: gbp_cr(s, BLOOM, args.c, lam), 3)
         chains = gca(servers, BLOOM, placement)
-        t_gca = _best_of(lambda s=servers, p=placement: gca(s, BLOOM, p), 3)
+        t_gca = best_of(lambda s=servers, p=placement: gca(s, BLOOM, p), 3)
         t0 = time.perf_counter()
         tuning = tune_c(servers, BLOOM, lam)
         t_sweep = time.perf_counter() - t0

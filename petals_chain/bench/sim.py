@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from petals_chain.bench.timing import best_time
 from petals_chain.sim.engine import simulate
 from petals_chain.sim.kernels import HAVE_NUMBA
 from petals_chain.sim.workloads import Workload, poisson_workload
@@ -61,16 +61,6 @@ def simpy_jffc(rates: Sequence[float], capacities: Sequence[int], workload: Work
     return response
 
 
-def _best_time(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
-    """Fastest wall time of ``repeat`` calls and the last call's value."""
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, value
-
-
 def _head(workload: Workload, n: int) -> Workload:
     """The first ``n`` jobs of a workload."""
     return Workload(workload.arrival_s[:n], workload.size[:n])
@@ -107,7 +97,7 @@ def run(argv: list[str] | None = None) -> int:
         }
         figures = {}
         for engine, (n, fn) in runs.items():
-            seconds, value = _best_time(fn, args.repeat)
+            seconds, value = best_time(fn, args.repeat)
             mean = float(np.mean(value)) if engine == "simpy" else value.mean_response_s
             figures[engine] = {"jobs": n, "seconds": seconds, "jobs_per_s": n / seconds}
             print(f"{num_chains:>5} {engine:>8} {n:>9} {seconds:>8.3f} {n / seconds:>11,.0f} {mean:>12.4f}")

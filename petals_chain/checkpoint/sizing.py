@@ -98,12 +98,17 @@ def check_max_length(max_length: int) -> int:
     return max_length
 
 
+def _size_option(option: str, text: str) -> float:
+    """Bytes of a size option's value (petals_chain.units); SpecError naming the option and showing examples."""
+    try:
+        return parse_size(text)
+    except UnitError as exc:
+        raise SpecError(f"{option} {text!r} is not a size (examples: 20GB, 512MB, 1.5GiB): {exc}") from None
+
+
 def parse_budget(text: str) -> float:
     """'20GB', '512MB', '1.5GiB' or plain bytes → bytes (petals_chain.units); SpecError on nonsense or absurd sizes."""
-    try:
-        value = parse_size(text)
-    except UnitError as exc:
-        raise SpecError(f"--memory-budget {text!r} is not a size (examples: 20GB, 512MB, 1.5GiB): {exc}") from None
+    value = _size_option("--memory-budget", text)
     if not math.isfinite(value) or value < MIN_PLAUSIBLE_BUDGET_BYTES:
         raise SpecError(f"--memory-budget {text!r} = {value:g} bytes is absurdly small (did you forget the unit?)")
     if value > MAX_PLAUSIBLE_BUDGET_BYTES:
@@ -113,10 +118,7 @@ def parse_budget(text: str) -> float:
 
 def parse_reserve(text: str) -> float:
     """``--reserve SIZE``: a non-negative size with a unit (``0``, ``1.5GiB``); SpecError naming the option."""
-    try:
-        value = parse_size(text)
-    except UnitError as exc:
-        raise SpecError(f"--reserve: {exc}") from None
+    value = _size_option("--reserve", text)
     if value < 0:
         raise SpecError(f"--reserve must be >= 0, got {text!r}")
     return value

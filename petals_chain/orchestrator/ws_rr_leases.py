@@ -27,20 +27,21 @@ from petals_chain import defaults
 from petals_chain.compose.routes import RouteGraph
 from petals_chain.dispatch.ws_rr import WsRr
 from petals_chain.model import Composition, InfeasibleError
-from petals_chain.orchestrator.leases import Lease, LeaseManager, LeaseSnapshot, LeaseTimeoutError, QueueFullError
+from petals_chain.orchestrator.leases import (
+    Lease,
+    LeaseManager,
+    LeaseSnapshot,
+    LeaseTimeoutError,
+    QueueFullError,
+    _Waiter,
+)
 from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 
 
 @dataclass
-class _Request:
-    """A request committed to a route (waiting or in service): its lease's chain, future and times."""
+class _Request(_Waiter):
+    """A request committed to a route (waiting or in service): a waiter with its routing epoch and chain."""
 
-    job: int
-    future: asyncio.Future
-    arrival_s: float
-    ttl_s: float
-    client: str | None
-    replaces: str | None
     epoch: int = 0
     chain: ChainInfo | None = None  # its route, once committed
 

@@ -1,0 +1,22 @@
+"""Timing for the benchmarks: the fastest of several calls, the one a noisy shared machine disturbed least."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def best_time(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    """Fastest wall time (seconds) of ``repeat`` calls of ``fn``, and the last call's value."""
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, value
+
+
+def best_of(fn: Callable[[], Any], repeat: int) -> float:
+    """Fastest wall time (seconds) of ``repeat`` calls of ``fn``."""
+    return best_time(fn, repeat)[0]
