@@ -2,6 +2,9 @@
 
 `MellScheduler.step` takes one slot's arrivals, completions and KV growth and returns every move it
 decided as data. Where the paper leaves a rule open, docs/mell.md ("Our reading") says what we chose.
+
+One module although it is long: Allocate, Depart and Update are one algorithm over the same size-class placement
+rules and the same batching state of a slot; split, each file would need the others' private rules.
 """
 
 from __future__ import annotations
