@@ -1,4 +1,4 @@
-"""Command line: `python -m petals_chain compose CLUSTER.yaml [--c N | --tune ...] [--json]` and
+"""Command line: `python -m petals_chain compose CLUSTER.yaml [--method M] [--c N | --tune ...] [--json]` and
 `python -m petals_chain moldable optimal|simulate ...` (petals_chain/moldable/cli.py)."""
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from petals_chain.model import InfeasibleError, SpecError
 def _compose(args: argparse.Namespace) -> int:
     from petals_chain.compose.cluster import load_cluster
     from petals_chain.compose.report import composition_table, composition_to_dict
-    from petals_chain.compose.tuning import compose
+    from petals_chain.compose.methods import METHODS, Routing, get_method
 
+    if args.method in METHODS and METHODS[args.method].routing is not Routing.JFFC:
+        raise SpecError(f"--method: {args.method} routes requests without fixed chains, so compose has nothing to "
+                        f"show; choose one of {', '.join(_chain_methods())}")
+    method = get_method(args.method, choices=_chain_methods(), field="--method")
     cluster = load_cluster(args.cluster)
-    comp = compose(
+    comp = method.compose(
         cluster.servers, cluster.model, cluster.load.arrival_rate, cluster.load.target_load, c=args.c, tune=args.tune
     )
     if args.json:
@@ -26,12 +30,22 @@ def _compose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chain_methods() -> tuple[str, ...]:
+    """Methods with fixed chains (those compose can print)."""
+    from petals_chain.compose.methods import METHODS, Routing
+
+    return tuple(n for n, m in METHODS.items() if m.routing is Routing.JFFC)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and --help)."""
     p = argparse.ArgumentParser(prog="python -m petals_chain", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compose", help="place blocks, compose chains and tune c for a cluster file")
     c.add_argument("cluster", help="cluster description (.yaml or .json); see README")
+    c.add_argument("--method", default="proposed", metavar="METHOD",
+                   help="composition: proposed (default: c and chains by the lower bound), paper (Algorithm 1 as "
+                        "written), max-chains (every chain the servers allow), jffc_only (whole-model servers)")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--c", type=int, default=None, help="use this reserved concurrency c instead of tuning it")
     g.add_argument("--tune", choices=("lower", "upper", "surrogate"), default="lower",

@@ -28,8 +28,13 @@ def gbp_cr_detail(
     c: int,
     arrival_rate: float,
     target_load: float = defaults.TARGET_LOAD,
+    *,
+    max_chains: bool = False,
 ) -> GbpCrResult:
-    """Run Algorithm 1 and return the placement with K(c) and ν̃; O(J log J)."""
+    """Run Algorithm 1 and return the placement with K(c) and ν̃; O(J log J).
+
+    As the paper writes it, placement stops once the chains formed meet the rate λ / (ρ̄ c); with
+    ``max_chains`` it goes on until no server is left, forming every chain the servers allow."""
     if c < 1:
         raise SpecError(f"gbp_cr: field 'c' must be >= 1, got {c}")
     if not arrival_rate > 0:
@@ -64,7 +69,7 @@ def gbp_cr_detail(
         if a > L:
             nu += 1.0 / chain_time
             chains += 1
-            if nu >= need:
+            if nu >= need and not max_chains:
                 break
             a, chain_time = 1, 0.0
     if chains == 0:
@@ -79,6 +84,8 @@ def gbp_cr(
     c: int,
     arrival_rate: float,
     target_load: float = defaults.TARGET_LOAD,
+    *,
+    max_chains: bool = False,
 ) -> Placement:
     """GBP-CR placement for concurrency c (the paper's Algorithm 1; docs/model.md, "GBP-CR")."""
-    return gbp_cr_detail(servers, model, c, arrival_rate, target_load).placement
+    return gbp_cr_detail(servers, model, c, arrival_rate, target_load, max_chains=max_chains).placement

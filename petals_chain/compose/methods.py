@@ -9,6 +9,10 @@ composer (placement, and chains where it has fixed ones) plus the way requests r
   (BPRR, Sun et al., Performance Evaluation 2025);
 * ``Routing.PETALS``: PETALS' own client-side routing with its backoff (no orchestrator at all).
 
+Three compositions share JFFC routing: ``proposed`` (the default users get: c and the chains chosen
+together by the Theorem 3.7 lower bound), ``paper`` (the paper's Algorithm 1 exactly, for reproduction)
+and ``max-chains`` (GBP-CR forming every chain the servers allow).
+
 Adding a variant is one more :class:`Method` entry in :data:`METHODS`.
 """
 
@@ -46,10 +50,28 @@ ESTIMATES = ("mean", "exact")
 def proposed_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
                          target_load: float = defaults.TARGET_LOAD, c: int | None = None,
                          tune: str = "lower") -> Composition:
-    """GBP-CR(c) + GCA, c given or tuned by ``tune`` (default: the Theorem 3.7 lower bound)."""
+    """The default: c and the chains chosen together by the Theorem 3.7 lower bound (compose/joint.py)."""
+    from petals_chain.compose.joint import joint_compose
+
+    return joint_compose(servers, model, arrival_rate, target_load, c=c, tune=tune)
+
+
+def paper_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
+                      target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                      tune: str = "lower") -> Composition:
+    """Algorithm 1 as the paper writes it (stop once the rate is met) + GCA, c given or tuned by ``tune``."""
     from petals_chain.compose.tuning import compose
 
     return compose(servers, model, arrival_rate, target_load, c=c, tune=tune)
+
+
+def max_chains_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
+                           target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                           tune: str = "lower") -> Composition:
+    """GBP-CR forming every chain the servers allow + GCA, c given or tuned by ``tune``."""
+    from petals_chain.compose.tuning import compose
+
+    return compose(servers, model, arrival_rate, target_load, c=c, tune=tune, max_chains=True)
 
 
 def whole_model_chains(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
@@ -113,8 +135,12 @@ class Method:
 
 
 METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
-    Method("proposed", "proposed", "proposed (GBP-CR + GCA + JFFC)", Routing.JFFC, proposed_composition,
+    Method("proposed", "proposed", "proposed (c and chains by the lower bound + JFFC)", Routing.JFFC,
+           proposed_composition, tunes_c=True),
+    Method("paper", "paper", "paper (Algorithm 1 as written + GCA + JFFC)", Routing.JFFC, paper_composition,
            tunes_c=True),
+    Method("max-chains", "max-chains", "max-chains (GBP-CR, every chain + GCA + JFFC)", Routing.JFFC,
+           max_chains_composition, tunes_c=True),
     Method("jffc_only", "JFFC only", "JFFC only", Routing.JFFC, whole_model_chains),
     Method("petals", "PETALS", "PETALS", Routing.PETALS, petals_composition),
     Method("bprr", "BPRR", "BPRR", Routing.WS_RR, bprr_placement),

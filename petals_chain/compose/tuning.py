@@ -58,10 +58,11 @@ def _pick(curve: Sequence[CPoint], criterion: str) -> int:
     return min(finite, key=lambda p: (f(p), p.c)).c
 
 
-def _evaluate(servers, model, c, arrival_rate, target_load, memo) -> tuple[CPoint, object, tuple[Chain, ...]] | None:
-    """GBP-CR(c) + GCA + bounds at one c; None where GBP-CR cannot build a chain at this c."""
+def _evaluate(servers, model, c, arrival_rate, target_load, memo,
+              max_chains: bool = False) -> tuple[CPoint, object, tuple[Chain, ...]] | None:
+    """GBP-CR(c) (as written, or max-chains) + GCA + bounds at one c; None where GBP-CR cannot build a chain."""
     try:
-        res = gbp_cr_detail(servers, model, c, arrival_rate, target_load)
+        res = gbp_cr_detail(servers, model, c, arrival_rate, target_load, max_chains=max_chains)
     except InfeasibleError:
         return None
     key = res.placement
@@ -91,8 +92,12 @@ def tune_c(
     target_load: float = defaults.TARGET_LOAD,
     criterion: str = "lower",
     c_values: Sequence[int] | None = None,
+    *,
+    max_chains: bool = False,
 ) -> Tuning:
-    """Sweep c over 1..c_max (or c_values) and pick c* by the criterion: 'lower', 'upper' or 'surrogate'."""
+    """Sweep c over 1..c_max (or c_values) and pick c* by the criterion: 'lower', 'upper' or 'surrogate'.
+
+    ``max_chains`` runs GBP-CR's max-chains variant at every c instead of Algorithm 1 as written."""
     servers = validate_servers(servers)
     if criterion not in CRITERIA:
         raise SpecError(f"tune: criterion must be one of {CRITERIA}, got {criterion!r}")
@@ -103,7 +108,7 @@ def tune_c(
     memo: dict = {}
     curve = []
     for c in values:
-        out = _evaluate(servers, model, c, arrival_rate, target_load, memo)
+        out = _evaluate(servers, model, c, arrival_rate, target_load, memo, max_chains)
         if out is not None:
             curve.append(out[0])
     if not curve:
@@ -120,10 +125,12 @@ def compose_for_c(
     c: int,
     arrival_rate: float,
     target_load: float = defaults.TARGET_LOAD,
+    *,
+    max_chains: bool = False,
 ) -> Composition:
-    """GBP-CR(c) then GCA: the composition for a fixed c."""
+    """GBP-CR(c) (as written, or max-chains) then GCA: the composition for a fixed c."""
     servers = validate_servers(servers)
-    out = _evaluate(servers, model, c, arrival_rate, target_load, {})
+    out = _evaluate(servers, model, c, arrival_rate, target_load, {}, max_chains)
     if out is None:
         raise InfeasibleError(
             f"the servers cannot hold model {model.name!r} with cache reserved for c={c} jobs per server"
@@ -140,13 +147,15 @@ def compose(
     target_load: float = defaults.TARGET_LOAD,
     c: int | None = None,
     tune: str = "lower",
+    *,
+    max_chains: bool = False,
 ) -> Composition:
-    """The whole pipeline: c (given, or tuned by `tune`), GBP-CR placement, GCA chains and capacities."""
+    """The whole pipeline: c (given, or tuned by `tune`), GBP-CR placement (as written, or max-chains), GCA."""
     tuning = None
     if c is None:
-        tuning = tune_c(servers, model, arrival_rate, target_load, tune)
+        tuning = tune_c(servers, model, arrival_rate, target_load, tune, max_chains=max_chains)
         c = tuning.c
-    comp = compose_for_c(servers, model, c, arrival_rate, target_load)
+    comp = compose_for_c(servers, model, c, arrival_rate, target_load, max_chains=max_chains)
     if tuning is not None:
         comp.meta["tuning"] = tuning
     return comp

@@ -28,7 +28,7 @@ QUICK = {"Js": (10, 20, 40), "etas": (0.1, 0.2, 0.4), "runs": 5, "n_jobs": 2000}
 WARMUP_FRACTION = 0.1
 OVERLOAD_RATIO = 0.9  # a run whose completions fall below 90 % of its arrival rate is flagged overloaded
 PAPER_REDUCTION = (8.0, 83.0)
-BASELINES = ("petals", "bprr", "bprr_oracle", "jffc_only")
+BASELINES = ("petals", "bprr", "bprr_oracle", "jffc_only", "paper", "max-chains")
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,12 @@ def reductions(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ..
                 p, b = np.array(pairs).T
                 row[f"vs_{base}_pct"] = 100.0 * (1.0 - p.mean() / b.mean())
                 row[f"vs_{base}_runs"] = len(pairs)
+                ci = confidence_interval(b - p)  # paired: > 0 means proposed is faster
+                row[f"vs_{base}_diff_lo_s"], row[f"vs_{base}_diff_hi_s"] = ci.ci_low, ci.ci_high
             else:
                 row[f"vs_{base}_pct"] = math.nan
                 row[f"vs_{base}_runs"] = 0
+                row[f"vs_{base}_diff_lo_s"] = row[f"vs_{base}_diff_hi_s"] = math.nan
         out.append(row)
     return out
 
@@ -188,10 +191,13 @@ def run(args) -> Summary:
             cells.append(f"η={r['eta']:g}: {_fmt(r['vs_petals_pct'])} / {_fmt(r['vs_bprr_pct'])} / "
                          f"{_fmt(r['vs_bprr_oracle_pct'])}")
         lines.append(f"J={J}: " + "; ".join(cells))
-    for base in ("petals", "bprr", "bprr_oracle"):
+    for base in BASELINES:
         vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
         if vals:
-            lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%")
+            worse = sum(r[f"vs_{base}_diff_hi_s"] < 0 for r in red)  # paired 95 % CI wholly below zero
+            better = sum(r[f"vs_{base}_diff_lo_s"] > 0 for r in red)
+            lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%; proposed "
+                         f"significantly faster in {better}, slower in {worse} of {len(red)} cells (paired 95 % CI)")
     infeasible = sorted({(r["J"], r["eta"], r["method"]) for r in agg if r["feasible_runs"] < r["runs"]})
     if infeasible:
         lines.append("infeasible in some runs: " + ", ".join(f"{m} at J={J} η={e:g}" for J, e, m in infeasible))

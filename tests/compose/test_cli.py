@@ -75,7 +75,7 @@ def test_table_writes_petals_spans(tmp_path, capsys):
 def test_tuned_json_has_the_curve(tmp_path, capsys):
     f = tmp_path / "example.yaml"
     f.write_text(EXAMPLE.replace("arrival_rate: 100", "arrival_rate: 0.5"))
-    assert main(["compose", str(f), "--tune", "upper", "--json"]) == 0
+    assert main(["compose", str(f), "--method", "paper", "--tune", "upper", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     curve = out["tuning"]["curve"]
     assert out["tuning"]["criterion"] == "upper"

@@ -46,17 +46,18 @@ def write_cluster(path: Path) -> Path:
 def test_table_entries_are_consistent() -> None:
     """Names are the keys; the figures' order starts with the proposed scheme; only PETALS skips the orchestrator;
     only the oracle is simulator-only; a bad entry is refused naming the field."""
-    assert list(METHODS) == ["proposed", "jffc_only", "petals", "bprr", "bprr_oracle"]
+    assert list(METHODS) == ["proposed", "paper", "max-chains", "jffc_only", "petals", "bprr", "bprr_oracle"]
     assert all(name == m.name and m.label and m.legend for name, m in METHODS.items())
     assert method_names(orchestrated=False) == ("petals",)
     assert method_names(live=False) == ("bprr_oracle",)
-    assert method_names(live=True, orchestrated=True) == ("proposed", "jffc_only", "bprr")
-    assert [m.name for m in METHODS.values() if m.tunes_c] == ["proposed"]
+    assert method_names(live=True, orchestrated=True) == ("proposed", "paper", "max-chains", "jffc_only", "bprr")
+    assert [m.name for m in METHODS.values() if m.tunes_c] == ["proposed", "paper", "max-chains"]
     with pytest.raises(SpecError, match="field 'estimate'"):
         Method("x", "x", "x", Routing.WS_RR, METHODS["bprr"].compose, estimate="psychic")
     with pytest.raises(SpecError, match="field 'routing'"):
         Method("x", "x", "x", "jffc", METHODS["bprr"].compose)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match=r"method: unknown method 'vllm'; choose one of proposed, jffc_only"):
+    with pytest.raises(SpecError, match=r"method: unknown method 'vllm'; choose one of proposed, paper, max-chains, "
+                                               r"jffc_only"):
         get_method("vllm")
 
 
@@ -83,7 +84,7 @@ def test_every_method_is_accepted_or_refused_by_the_orchestrator(name: str, tmp_
     cluster = write_cluster(tmp_path / "cluster.yaml")
     args = parse_args(["--method", name, "--cluster", str(cluster), "--pin-cluster-times", "--offer-unready-chains"])
     if not (method.live and method.orchestrated):
-        with pytest.raises(SpecError, match=r"--method: .*choose one of proposed, jffc_only, bprr$"):
+        with pytest.raises(SpecError, match=r"--method: .*choose one of proposed, paper, max-chains, jffc_only, bprr$"):
             build_orchestrator(args)
         return
     orch, got = build_orchestrator(args)
@@ -128,7 +129,7 @@ def test_cli_bad_method_is_one_line_and_exit_2(tmp_path: Path) -> None:
         proc = _run_cli("--method", name, "--cluster", cluster, "--port", "0")
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-        assert why in lines[0] and "choose one of proposed, jffc_only, bprr" in lines[0]
+        assert why in lines[0] and "choose one of proposed, paper, max-chains, jffc_only, bprr" in lines[0]
 
 
 def test_cli_serves_bprr_by_ws_rr(tmp_path: Path) -> None:
@@ -169,6 +170,7 @@ def test_testbed_takes_its_methods_from_the_table() -> None:
     assert plan_method("petals", fitted, MODEL, 0.5) is None
     with pytest.raises(SpecError, match="simulator only"):
         plan_method("bprr_oracle", fitted, MODEL, 0.5)
-    with pytest.raises(SpecError, match="unknown method 'magic'; choose one of proposed, jffc_only, petals, bprr"):
+    with pytest.raises(SpecError, match="unknown method 'magic'; choose one of proposed, paper, max-chains, jffc_only, "
+                                               "petals, bprr"):
         LiveMethod("magic", None, fitted, arrival_rate=0.5)  # type: ignore[arg-type]
     assert live_method("petals").routing is Routing.PETALS
