@@ -4,9 +4,10 @@ For every c, GBP-CR is run both as the paper writes it and in its max-chains var
 each placement's chains fastest first. Every prefix of those chains is a candidate (dropping a chain
 only frees memory), and servers that no chosen chain uses may each serve as a one-server chain
 holding the whole model (fastest first, every prefix). The candidate with the smallest lower bound
-wins, so idle servers are used exactly when they lower it (docs/model.md, "Choosing c and the chains
-together"). Adding a chain never raises the lower bound (its slots come after the faster ones), so
-where the lower bounds of two candidates tie the upper bound decides. Both the paper's and the
+wins, so idle servers are used exactly when they lower it
+(docs/model.md, "Choosing c and the chains together"). Adding a chain never raises the lower bound
+(its slots come after the faster ones), so where the lower bounds of two candidates tie the upper
+bound decides. Both the paper's and the
 max-chains composition are candidates, so the result's lower bound is never above theirs.
 """
 
