@@ -50,6 +50,10 @@ def composition_to_dict(comp: Composition) -> dict[str, Any]:
                 for p in tuning.curve
             ],
         }
+    joint = comp.meta.get("joint")
+    if joint is not None:
+        out["joint"] = {"c": joint.c, "gbp_cr": joint.variant, "kept_chains": joint.kept_chains,
+                        "whole_model_chains": joint.whole_model_chains}
     return out
 
 
@@ -78,4 +82,8 @@ def composition_table(comp: Composition, arrival_rate: float | None = None) -> s
         t = d["tuning"]
         picks = ", ".join(f"{k}: c={v}" for k, v in t["c_by_criterion"].items())
         lines.append(f"c chosen by the {t['criterion']} criterion; each criterion picks {picks}")
+    if "joint" in d:
+        j = d["joint"]
+        lines.append(f"c and chains chosen together by the bound: c={j['c']}, the first {j['kept_chains']} chains of "
+                     f"GBP-CR ({j['gbp_cr']}) + GCA, {j['whole_model_chains']} whole-model chain(s) on idle servers")
     return "\n".join(lines)

@@ -136,6 +136,10 @@ def test_compose_cli_method_option(method, capsys):
     assert main(["compose", str(cluster), "--method", method, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["chains"]
+    assert ("joint" in doc) == (method == "proposed") and ("tuning" in doc) == (method != "proposed")
+    if method == "proposed":
+        assert doc["joint"]["c"] == doc["c"] and doc["joint"]["kept_chains"] + doc["joint"]["whole_model_chains"] \
+            == len(doc["chains"])
 
 
 @pytest.mark.parametrize("bad, why", [("nope", "unknown method 'nope'"), ("bprr", "without fixed chains")])
