@@ -13,7 +13,7 @@ import numpy as np
 
 from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import plt
-from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, littles_law
+from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law
 
 METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")  # the paper's Table 1 columns (methods of METHODS)
 
@@ -122,13 +122,13 @@ def markdown(stats: dict[str, dict[str, float]], plan: ReplayPlan, infos: dict[s
     lines += ["", "Checks (Little's law: sampled mean in flight vs λ̂·W̄ from the records):", ""]
     for m, res in results.items():
         s = stats[m]
-        sampled, lw = littles_law(res)
+        little = check_littles_law(res)
         if s.get("censored"):
             lines.append(f"- {m}: {int(s['censored'])} request(s) still waiting at the cutoff are counted at the "
                          "cutoff: its response and waiting figures are lower bounds")
         lines.append(f"- {m}: {int(s['served'])}/{int(s['requests'])} served, mean failed routing attempts "
-                     f"{s.get('failed_attempts_mean', math.nan):.2f}, L sampled {sampled:.2f} vs λW {lw:.2f}, "
-                     f"replay wall {res.wall_s:.0f} s")
+                     f"{s.get('failed_attempts_mean', math.nan):.2f}, replay wall {res.wall_s:.0f} s; "
+                     + ("" if little.ok else "**") + little.describe() + ("" if little.ok else "**"))
     return "\n".join(lines) + "\n"
 
 
