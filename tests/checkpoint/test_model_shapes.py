@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from petals_chain.model import SpecError
@@ -40,3 +43,11 @@ def test_llama_shape_from_config_matches_the_table() -> None:
 def test_bad_input_names_the_field(call, field) -> None:
     with pytest.raises(SpecError, match=field):
         call()
+
+
+def test_the_gpu_device_file_uses_the_same_figures() -> None:
+    """results/gpu/device_h100.json (written by experiments/gpu/fit_and_plot.py) holds s_m and s_c of model_shapes."""
+    doc = json.loads((Path(__file__).resolve().parents[2] / "results" / "gpu" / "device_h100.json").read_text())
+    s_m, s_c = paper_testbed_sizes()
+    assert doc["model"]["block_gb"] == pytest.approx(s_m / 1e9, rel=1e-12)
+    assert doc["model"]["cache_gb"] == pytest.approx(s_c / 1e9, rel=1e-12)
