@@ -51,7 +51,8 @@ def improvement_pct(value: float, petals: float) -> float:
 
 def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult],
                   plan: ReplayPlan, infos: dict[str, dict[str, Any]], command: str) -> dict[str, Path]:
-    """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json and STEM_requests.csv."""
+    """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json, STEM_requests.csv and
+    STEM_samples.csv (the in-flight counts the Little's-law check used)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     base = stats.get("petals", {}).get("response_mean", math.nan)
@@ -78,6 +79,11 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
             w = csv.DictWriter(fh, fieldnames=list(recs[0]))
             w.writeheader()
             w.writerows(recs)
+    paths["samples"] = out_dir / f"{stem}_samples.csv"  # the monitor's in-flight counts: Little's law can be redone
+    with paths["samples"].open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "time_s", "in_flight"])
+        w.writerows((m, f"{s_t:.4f}", int(s_n)) for m, res in results.items() for s_t, s_n in res.samples)
     paths["md"] = out_dir / f"{stem}.md"
     paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
     paths["png"] = plot(out_dir / f"{stem}.png", stats, results)

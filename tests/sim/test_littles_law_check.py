@@ -46,3 +46,24 @@ def test_littles_law_miss_over_ten_percent_is_flagged_with_its_cause() -> None:
     assert not empty.ok and empty.cause == "unknown"
     with pytest.raises(SpecError, match="tolerance"):
         check_littles_law(ReplayResult("m", recs, np.column_stack([t, n]), 90.0), tolerance=1.5)
+
+
+def test_table1_outputs_flag_the_miss_and_keep_the_samples(tmp_path) -> None:
+    """table1.md carries the WARNING for a replay that misses; the samples are saved for redoing the check."""
+    from petals_chain.experiments.replay import ReplayPlan, summarize
+    from petals_chain.experiments.table1_report import write_outputs
+
+    recs = [_rec(i, 2.0 * i, 2.0 * i + 0.5, 2.0 * i + 1.0 + (i % 5)) for i in range(40)]
+    t = np.arange(0.0, 90.0, 0.05)
+    n = _counts(recs, t)
+    results = {"jffc_only": ReplayResult("jffc_only", recs, np.column_stack([t, 0.6 * n]), 90.0),
+               "proposed": ReplayResult("proposed", recs, np.column_stack([t, n]), 90.0)}
+    plan = ReplayPlan(np.array([r.arrival_s for r in recs]), np.full(40, 8), np.full(40, 4), 1.0, 1.0, 1.0, 0.5, 0.5,
+                      1.0, 0.5, 764, "synthetic")
+    stats = {m: summarize(res.records) for m, res in results.items()}
+    paths = write_outputs(tmp_path, "t1", stats, results, plan, {m: {"status": "ran"} for m in results}, "test")
+    md = paths["md"].read_text()
+    assert md.count("WARNING: Little's law missed by more than 10 %") == 1
+    assert "- jffc_only:" in md and "WARNING" in md.split("- jffc_only:")[1].splitlines()[0]
+    lines = paths["samples"].read_text().splitlines()
+    assert lines[0] == "method,time_s,in_flight" and len(lines) == 1 + 2 * t.size
