@@ -16,6 +16,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from petals_chain.data.ripe import draw_topology  # noqa: E402
+from petals_chain.model_shapes import KNOWN_SHAPES, paper_testbed_sizes  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "clusters"
 
@@ -37,13 +38,16 @@ def paper_default(seed: int = 2024) -> dict:
 
 
 def llama2_7b_testbed(seed: int = 7) -> dict:
-    # LLaMA-2-7B block in fp16: 4·4096² + 3·4096·11008 ≈ 202.4 M parameters → 0.405 GB, 0.405 GFLOP per token.
-    # KV cache per block per job: 2 (K, V) · 4096 · 4096 tokens · 2 bytes = 0.0671 GB.
+    # LLaMA-2-7B block in fp16: 4·4096² + 3·4096·11008 + 2·4096 = 202.4 M parameters → s_m = 0.405 GB,
+    # 0.405 GFLOP per token (2 FLOP per fp16 parameter = s_m / 1e9).
+    # KV cache per block per job: 2 (K, V) · 4096 · 2048 tokens · 2 bytes = s_c = 0.0336 GB.
+    block_bytes, cache_bytes = paper_testbed_sizes()
     kinds = ["a100-3g.40gb"] * 3 + ["a100-2g.20gb"] * 6
     return {
-        "model": {"name": "llama-2-7b", "blocks": 32, "block_size": "0.405 GB", "cache_size": "0.0671 GB"},
+        "model": {"name": "llama-2-7b", "blocks": KNOWN_SHAPES["llama-2-7b"].layers,
+                  "block_size": f"{block_bytes} B", "cache_size": f"{cache_bytes} B"},
         "load": {"arrival_rate": 2.57, "target_load": 0.7},
-        "workload": {"input_tokens": 2048, "output_tokens": 28, "gflops_per_block_token": 0.405},
+        "workload": {"input_tokens": 2048, "output_tokens": 28, "gflops_per_block_token": block_bytes / 1e9},
         "servers": _servers(kinds, seed),
     }
 

@@ -31,7 +31,10 @@ DATASHEETS = [  # (marker in the CUDA/nvidia-smi name, label, TFLOP/s, GB/s)
     ("A100", "A100 SXM4 80GB", 312.0, 2039.0),
 ]
 REPO_STEP_OVERHEAD_S = 0.001  # t_o in petals_chain/service_time.py
-LLAMA_BLOCK_GB, LLAMA_CACHE_GB_4096 = 0.405, 0.0671  # the repo's LLaMA-2-7B cluster numbers
+# The repo's LLaMA-2-7B figures (petals_chain.model_shapes.paper_testbed_sizes, repeated here so that this script
+# needs numpy and matplotlib only): an fp16 block, and K and V of 4096 values for 2048 cached tokens.
+LLAMA_BLOCK_GB = 2 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) / 1e9
+LLAMA_CACHE_GB = 2 * 4096 * 2048 * 2 / 1e9
 
 
 def datasheet(name: str) -> tuple[str, float, float] | None:
@@ -224,7 +227,7 @@ def write_device(path: Path, raw: dict, fit: dict, mem: dict | None, sheet: tupl
     servers.append({"name": "fit", "device": f"{key}-measured", "tau_p_s": round(tau_fit, 6), "rtt_ms": 0})
     notes["server fit"] = ("tau_p_s: the per-block fit m(t_o + t_in l_in + t_out(l_out-1)) at the file's workload, "
                            "in place of the formula's fixed t_o = 1 ms")
-    doc = {"model": {"name": "llama-2-7b", "blocks": 32, "block_gb": LLAMA_BLOCK_GB, "cache_gb": LLAMA_CACHE_GB_4096},
+    doc = {"model": {"name": "llama-2-7b", "blocks": 32, "block_gb": LLAMA_BLOCK_GB, "cache_gb": LLAMA_CACHE_GB},
            "load": {"arrival_rate": 1.0, "target_load": 0.7}, "workload": wl, "devices": devices,
            "servers": servers}
     path.write_text(json.dumps(doc, indent=1) + "\n")

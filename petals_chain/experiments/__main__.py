@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a minutes-long version with fewer points and runs")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "results", help="output folder (default: results/)")
+    p.add_argument("--replot", action="store_true",
+                   help="redraw the PNG (and README section) from the saved CSV without simulating (fig3, fig5, fig6)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
     p.add_argument("--data-dir", type=Path, default=None,
                    help=f"folder with the Azure traces and the RIPE Atlas file (default: ${DATA_ENV})")
@@ -33,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in EXPERIMENTS]
     if unknown:
         print(f"error: unknown experiment(s) {unknown}; known: {', '.join(EXPERIMENTS)}", file=sys.stderr)
+        return 2
+    cannot = [n for n in names if args.replot and not getattr(load(n), "REPLOT", False)]
+    if cannot:
+        print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6 can)",
+              file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:

@@ -42,6 +42,26 @@ def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> Path:
     return path
 
 
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows written by :func:`write_csv`, numbers read back as floats (for ``--replot``)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no saved results to redraw (run the experiment without --replot first)")
+
+    def value(text: str) -> Any:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+    with path.open(newline="") as fh:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(fh)]
+
+
+def replotting(args: Any) -> bool:
+    """True when the run should redraw its PNG from the saved CSV instead of simulating (``--replot``)."""
+    return bool(getattr(args, "replot", False))
+
+
 def mean_ci(values: Iterable[float], level: float = 0.95) -> tuple[float, float]:
     """Sample mean and the half-width of its Student-t confidence interval at ``level`` (NaN for < 2 values)."""
     a = np.asarray(list(values), dtype=float)

@@ -274,3 +274,78 @@ def littles_law(result: ReplayResult) -> tuple[float, float]:
         sampled = math.nan
     lam = len(ok) / (hi - lo)
     return sampled, lam * float(np.mean([r.response_s for r in ok]))
+
+
+LITTLES_LAW_TOLERANCE = 0.10  # a replay whose sampled L and λW differ by more than this share is flagged
+
+
+@dataclass(frozen=True)
+class LittlesLawCheck:
+    """Little's law on one replay: the monitor's time-weighted L against λ̂·W̄ from the records, and why they differ.
+
+    ``records_l`` is the records' own in-flight count (arrived, not ended) at the monitor's sample instants,
+    time-weighted the same way. If it agrees with ``sampled_l`` the two bookkeepings agree wherever the
+    monitor looked, and a miss comes from where it did not look (``cause = "sampling"``: long gaps between
+    samples while the count moved); if it agrees with ``lambda_w`` instead, the monitor and the records
+    disagree about what was in flight (``cause = "accounting"``).
+    """
+
+    sampled_l: float
+    lambda_w: float
+    records_l: float
+    rel_gap: float  # |sampled L − λW| / λW
+    max_sample_gap_s: float
+    tolerance: float = LITTLES_LAW_TOLERANCE
+
+    @property
+    def ok(self) -> bool:
+        """True when the miss is within the tolerance (NaN, e.g. no samples, is not ok)."""
+        return bool(self.rel_gap <= self.tolerance)
+
+    @property
+    def cause(self) -> str:
+        """'' when ok; else 'sampling' or 'accounting' (whichever side records_l is nearer), 'unknown' if NaN."""
+        if self.ok:
+            return ""
+        if not (math.isfinite(self.records_l) and math.isfinite(self.sampled_l)):
+            return "unknown"
+        return "sampling" if abs(self.records_l - self.sampled_l) <= abs(self.records_l - self.lambda_w) \
+            else "accounting"
+
+    def describe(self) -> str:
+        """One line: both figures, the miss, and on a miss a loud WARNING with its likely cause."""
+        line = (f"L sampled {self.sampled_l:.2f} vs λW {self.lambda_w:.2f} (miss {100 * self.rel_gap:.1f} %; "
+                f"records' L at the samples {self.records_l:.2f}, longest sampling gap {self.max_sample_gap_s:.2f} s)")
+        if self.ok:
+            return line
+        return (f"WARNING: Little's law missed by more than {100 * self.tolerance:.0f} %: {line}; likely cause: "
+                f"{self.cause}")
+
+    def as_json(self) -> dict[str, Any]:
+        """The fields and the verdict, for the details JSON."""
+        return {"sampled_l": self.sampled_l, "lambda_w": self.lambda_w, "records_l": self.records_l,
+                "rel_gap": self.rel_gap, "max_sample_gap_s": self.max_sample_gap_s, "tolerance": self.tolerance,
+                "ok": self.ok, "cause": self.cause}
+
+
+def check_littles_law(result: ReplayResult, tolerance: float = LITTLES_LAW_TOLERANCE) -> LittlesLawCheck:
+    """Little's law on a replay (:func:`littles_law`), with the records' count at the sample instants as witness."""
+    if not 0 < tolerance < 1:
+        raise SpecError(f"tolerance must be in (0, 1), got {tolerance!r}")
+    sampled, lw = littles_law(result)
+    ok = [r for r in result.records if not r.error or r.censored]
+    if not ok or result.samples.size == 0:
+        return LittlesLawCheck(sampled, lw, math.nan, math.nan, math.nan, tolerance)
+    lo, hi = min(r.arrival_s for r in ok), max(r.end_s for r in ok)
+    t = np.sort(result.samples[:, 0], kind="stable")
+    t = t[(t >= lo) & (t <= hi)]
+    if t.size == 0:
+        return LittlesLawCheck(sampled, lw, math.nan, math.nan, math.nan, tolerance)
+    arrivals = np.sort([r.arrival_s for r in ok])
+    ends = np.sort([r.end_s for r in ok])
+    in_flight = np.searchsorted(arrivals, t, side="right") - np.searchsorted(ends, t, side="right")
+    held = np.diff(np.append(t, hi))
+    records_l = float(np.dot(in_flight, held) / held.sum()) if held.sum() > 0 else float(in_flight.mean())
+    gaps = np.diff(np.concatenate(([lo], t, [hi])))
+    rel = abs(sampled - lw) / lw if lw > 0 else math.nan
+    return LittlesLawCheck(sampled, lw, records_l, rel, float(gaps.max()), tolerance)

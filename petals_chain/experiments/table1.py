@@ -30,7 +30,8 @@ import numpy as np
 
 from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import REPO, Summary, publish
-from petals_chain.experiments.replay import ReplayPlan, ReplayResult, plan_replay, prompts_for, replay, summarize
+from petals_chain.experiments.replay import (ReplayPlan, ReplayResult, check_littles_law, plan_replay, prompts_for,
+                                             replay, summarize)
 from petals_chain.experiments.table1_report import METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, write_outputs
 from petals_chain.model import InfeasibleError, SpecError, span_json, span_text
 
@@ -207,6 +208,11 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                              "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
                              "errors": sorted({r.error for r in bad})[:5]}
+            little = check_littles_law(res)
+            infos[method]["littles_law"] = little.as_json()
+            infos[method]["littles_law_line"] = little.describe()
+            if not little.ok:  # loud, but the run goes on: the records, not the monitor, give the table's figures
+                log(f"[{method}] {little.describe()}")
             s = stats[method]
             log(f"[{method}] done in {time.monotonic() - t_m:.0f} s: response mean {s['response_mean']:.2f} s, "
                 f"waiting mean {s['waiting_mean']:.2f} s, service mean {s['service_mean']:.2f} s; "
@@ -229,6 +235,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                          f"{s['service_mean']:.2f} s{red}")
         elif m in infos:
             lines.append(f"{METHODS[m].label}: {infos[m]['status']} ({infos[m]['summary']})")
+    lines += [f"{METHODS[m].label}: {infos[m]['littles_law_line']}" for m in METHOD_ORDER
+              if m in infos and not infos[m].get("littles_law", {}).get("ok", True)]
     lines.append(f"total wall time {time.monotonic() - t_all:.0f} s; outputs: "
                  + ", ".join(str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in paths.values()))
     return Summary("table1", "Table 1 live: PETALS vs BPRR vs JFFC only vs proposed on the CPU-emulated testbed",

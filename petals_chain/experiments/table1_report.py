@@ -13,7 +13,7 @@ import numpy as np
 
 from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import plt
-from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, littles_law
+from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law
 
 METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")  # the paper's Table 1 columns (methods of METHODS)
 
@@ -51,7 +51,8 @@ def improvement_pct(value: float, petals: float) -> float:
 
 def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult],
                   plan: ReplayPlan, infos: dict[str, dict[str, Any]], command: str) -> dict[str, Path]:
-    """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json and STEM_requests.csv."""
+    """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json, STEM_requests.csv and
+    STEM_samples.csv (the in-flight counts the Little's-law check used)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     base = stats.get("petals", {}).get("response_mean", math.nan)
@@ -78,6 +79,11 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
             w = csv.DictWriter(fh, fieldnames=list(recs[0]))
             w.writeheader()
             w.writerows(recs)
+    paths["samples"] = out_dir / f"{stem}_samples.csv"  # the monitor's in-flight counts: Little's law can be redone
+    with paths["samples"].open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["method", "time_s", "in_flight"])
+        w.writerows((m, f"{s_t:.4f}", int(s_n)) for m, res in results.items() for s_t, s_n in res.samples)
     paths["md"] = out_dir / f"{stem}.md"
     paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
     paths["png"] = plot(out_dir / f"{stem}.png", stats, results)
@@ -122,13 +128,13 @@ def markdown(stats: dict[str, dict[str, float]], plan: ReplayPlan, infos: dict[s
     lines += ["", "Checks (Little's law: sampled mean in flight vs λ̂·W̄ from the records):", ""]
     for m, res in results.items():
         s = stats[m]
-        sampled, lw = littles_law(res)
+        little = check_littles_law(res)
         if s.get("censored"):
             lines.append(f"- {m}: {int(s['censored'])} request(s) still waiting at the cutoff are counted at the "
                          "cutoff: its response and waiting figures are lower bounds")
         lines.append(f"- {m}: {int(s['served'])}/{int(s['requests'])} served, mean failed routing attempts "
-                     f"{s.get('failed_attempts_mean', math.nan):.2f}, L sampled {sampled:.2f} vs λW {lw:.2f}, "
-                     f"replay wall {res.wall_s:.0f} s")
+                     f"{s.get('failed_attempts_mean', math.nan):.2f}, replay wall {res.wall_s:.0f} s; "
+                     + ("" if little.ok else "**") + little.describe() + ("" if little.ok else "**"))
     return "\n".join(lines) + "\n"
 
 

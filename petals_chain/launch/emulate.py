@@ -1,52 +1,22 @@
 """CPU servers standing in for the paper's MIG slices: memory budgets and speed factors scaled to a small model.
 
-The §4.2 testbed serves LLaMA-2-7B (L = 32 blocks of s_m = 0.405 GB, s_c = 0.0671 GB of cache
-per block per job) on 3g.40gb (40 GB) and 2g.20gb (20 GB) slices. What the placement and chain
-arithmetic sees is the *shape*: how many model copies a server's memory holds (M_j / (L·s_m)),
-how heavy the cache is relative to a block (s_c / s_m), and how much slower a low-end server is
-(τp ratio). Emulating on a small model keeps all three: a server's budget is
-``M_j · (L'·s_m') / (L·s_m)``, the cache per block per job is ``s_m' · s_c / s_m``, and the speed
-factor of a kind is ``τp(fastest kind) / τp(kind)`` from :mod:`petals_chain.service_time`.
+The §4.2 testbed serves LLaMA-2-7B (L = 32 blocks of s_m = 0.405 GB, s_c = 0.0336 GB of cache per block per
+job: 2048 tokens in fp16, both from petals_chain.model_shapes) on 3g.40gb (40 GB) and 2g.20gb (20 GB) slices.
+What the placement and chain arithmetic sees is the *shape*: how many model copies a server's memory holds
+(M_j / (L·s_m)), how heavy the cache is relative to a block (s_c / s_m), and how much slower a low-end server
+is (τp ratio). Emulating on a small model keeps all three: a server's budget is ``M_j · (L'·s_m') / (L·s_m)``,
+the cache per block per job is ``s_m' · s_c / s_m``, and the speed factor of a kind is ``τp(fastest kind) /
+τp(kind)`` from :mod:`petals_chain.service_time`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from petals_chain.model import ModelSpec, SpecError
+from petals_chain.model import ModelSpec
+from petals_chain.model_shapes import LlamaShape, llama_block_bytes, llama_cache_bytes_per_token
 from petals_chain.service_time import PAPER_DEVICES, Workload, tau_p
 
-
-@dataclass(frozen=True)
-class LlamaShape:
-    """The LLaMA-architecture sizes that fix a block's weight and KV-cache bytes (from a config.json)."""
-
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    layers: int
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> LlamaShape:
-        """Read hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, num_hidden_layers."""
-        try:
-            return cls(int(cfg["hidden_size"]), int(cfg["intermediate_size"]), int(cfg["num_attention_heads"]),
-                       int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])), int(cfg["num_hidden_layers"]))
-        except KeyError as e:
-            raise SpecError(f"model config: missing field {e.args[0]!r}") from None
-
-
-def llama_block_bytes(shape: LlamaShape, dtype_bytes: int = 4) -> int:
-    """Weights of one decoder block: Q, O (h×h), K, V (h×h·kv/heads), gate/up/down (3·h·ffn), two RMSNorms (2·h)."""
-    kv_dim = shape.hidden * shape.kv_heads // shape.heads
-    params = 2 * shape.hidden * shape.hidden + 2 * shape.hidden * kv_dim + 3 * shape.hidden * shape.intermediate
-    return (params + 2 * shape.hidden) * dtype_bytes
-
-
-def llama_cache_bytes_per_token(shape: LlamaShape, dtype_bytes: int = 4) -> int:
-    """KV cache of one block for one token: K and V of width hidden·kv_heads/heads (PETALS' per-block formula)."""
-    return 2 * shape.hidden * shape.kv_heads // shape.heads * dtype_bytes
+__all__ = ["LlamaShape", "llama_block_bytes", "llama_cache_bytes_per_token", "scaled_memory_bytes",
+           "scaled_cache_bytes", "speed_factors", "emulated_servers"]
 
 
 def scaled_memory_bytes(paper_memory_bytes: float, paper: ModelSpec, model: ModelSpec) -> float:

@@ -8,7 +8,7 @@ Format (docs/testbed.md; sizes and durations with units, read by :mod:`petals_ch
       path: ${REPO}/.cache/models/X  # optional local checkpoint directory (checked when servers start)
       blocks: 32                     # L
       block_size: 0.405 GB           # s_m: one block's weights (a bare number is bytes)
-      cache_size: 0.0671 GB          # s_c: KV cache of one block for one job
+      cache_size: 0.0336 GB          # s_c: KV cache of one block for one job
     gpus:                            # EITHER MIG slices of real GPUs ...
       - index: 0                     # nvidia-smi GPU index
         type: A100-80GB              # A100-40GB | A100-80GB | H100-80GB | H100-94GB | H200-141GB

@@ -28,6 +28,7 @@ from petals_chain.launch import emulate, latency, mig, mig_profiles, mig_smi, ne
 from petals_chain.launch.launcher import Launch, host_addresses
 from petals_chain.launch.testbed import TestbedError, load_testbed, parse_testbed
 from petals_chain.model import ModelSpec
+from petals_chain.model_shapes import KNOWN_SHAPES, paper_testbed_sizes
 from petals_chain.units import parse_duration
 from petals_chain.data.ripe import draw_topology
 
@@ -60,7 +61,7 @@ def cpu_doc(**over: object) -> dict:
 
 def mig_doc(profiles: list, gpu_type: str = "A100-80GB") -> dict:
     """A one-GPU MIG testbed with the given profiles."""
-    return {"model": {"name": "m", "blocks": 32, "block_size": "0.405GB", "cache_size": "0.0671GB"},
+    return {"model": {"name": "m", "blocks": 32, "block_size": "0.405GB", "cache_size": "0.0336GB"},
             "gpus": [{"index": 0, "type": gpu_type, "profiles": profiles}], "latency": {"rtt_ms": 10}}
 
 
@@ -88,6 +89,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 @pytest.mark.data
 def test_paper_mig_testbed_is_three_a100_with_3g_and_two_2g_each() -> None:
     tb = load_testbed(TESTBEDS / "paper_mig.yaml")
+    assert (tb.model.block_bytes, tb.model.cache_bytes) == paper_testbed_sizes()  # 2048 fp16 tokens, not 4096
     assert tb.is_mig and len(tb.servers) == 9 and len(tb.gpus) == 3
     for g in tb.gpus:
         assert g.product == "A100-80GB" and sorted(g.profiles) == ["2g.20gb", "2g.20gb", "3g.40gb"]
@@ -107,8 +109,11 @@ def test_cpu_emulated_testbed_matches_the_scaling_rule() -> None:
     """Budgets, speed factors and s_c of the shipped file follow from emulate.py and the paper's testbed."""
     tb = load_testbed(TESTBEDS / "cpu_emulated.yaml")
     paper = load_cluster(REPO / "experiments" / "clusters" / "llama2_7b_testbed.yaml")
-    shape = emulate.LlamaShape(hidden=576, intermediate=1536, heads=9, kv_heads=3, layers=30)  # SmolLM2-135M
+    shape = KNOWN_SHAPES["smollm2-135m"]
     block = emulate.llama_block_bytes(shape, 4)
+    # the paper's s_m and s_c come from LLaMA-2-7B's config and its 2048-token cache, never a literal
+    assert (paper.model.block_bytes, paper.model.cache_bytes) == paper_testbed_sizes() == (404_766_720, 33_554_432)
+    assert tb.model.cache_bytes // emulate.llama_cache_bytes_per_token(shape, 4) == 764
     assert tb.model.num_blocks == shape.layers and tb.model.block_bytes == pytest.approx(block, rel=1e-6)
     assert tb.model.cache_bytes == pytest.approx(emulate.scaled_cache_bytes(paper.model, block), rel=1e-5)
     model = ModelSpec(shape.layers, block, tb.model.cache_bytes, "smol")

@@ -43,7 +43,7 @@ def calls(log: Path) -> list[list[str]]:
 
 def h100_doc(gpu_type: str = "H100-80GB", profiles: tuple[str, ...] = ("3g.40gb", "2g.20gb", "2g.20gb")) -> dict:
     """A one-GPU MIG testbed document."""
-    return {"model": {"name": "m", "blocks": 32, "block_size": "0.405GB", "cache_size": "0.0671GB"},
+    return {"model": {"name": "m", "blocks": 32, "block_size": "0.405GB", "cache_size": "0.0336GB"},
             "gpus": [{"index": 0, "type": gpu_type, "profiles": list(profiles)}], "latency": {"rtt_ms": 10}}
 
 

@@ -123,3 +123,31 @@ def test_data_dir_option_sets_the_folder_for_every_reader(tmp_path, monkeypatch,
     assert main(["fig3", "--quick", "--data-dir", str(empty), "--out", str(tmp_path)]) == 2
     assert data_dir() == empty  # the option reached the reader, which names the file it missed there
     assert f"{empty}/ripe_atlas_eu_rtt.csv" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_replot_redraws_fig3_from_its_csv_with_the_same_summary(tmp_path):
+    """--replot reads the saved CSV: the same summary lines, a new PNG, no simulation; nothing saved is an error."""
+    first = load("fig3").run(_args(tmp_path))
+    (tmp_path / "fig3.png").unlink()
+    again = load("fig3").run(argparse.Namespace(**vars(_args(tmp_path)), replot=True))
+    assert again.lines == first.lines and (tmp_path / "fig3.png").stat().st_size > 10_000
+    # the figures come from the file, not a new simulation: every random placement marked as missing the rate
+    rows = _rows(tmp_path / "fig3.csv")
+    for r in rows:
+        r["objective"] = r["objective"] if r["method"] == "GBP-CR" else "nan"
+    with (tmp_path / "fig3.csv").open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    edited = load("fig3").run(argparse.Namespace(**vars(_args(tmp_path)), replot=True))
+    assert "cannot reach the rate: 100 %, 100 %, 100 %" in edited.lines[0] and edited.lines != first.lines
+    with pytest.raises(FileNotFoundError, match="no saved results"):
+        load("fig5").run(argparse.Namespace(**vars(_args(tmp_path)), replot=True))
+
+
+def test_replot_of_an_experiment_that_cannot_is_refused(tmp_path, capsys):
+    assert main(["fig4", "--replot", "--out", str(tmp_path)]) == 2
+    assert "fig4 cannot redraw" in capsys.readouterr().err
+    assert main(["fig6", "--replot", "--out", str(tmp_path)]) == 2  # no results/fig6.csv there yet
+    assert "no saved results" in capsys.readouterr().err
