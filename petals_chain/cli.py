@@ -21,9 +21,10 @@ def _compose(args: argparse.Namespace) -> int:
         cluster.servers, cluster.model, cluster.load.arrival_rate, cluster.load.target_load, c=args.c, tune=args.tune
     )
     if args.json:
-        print(json.dumps(composition_to_dict(comp), indent=2))
+        doc = composition_to_dict(comp, cluster.load.arrival_rate, cluster.load.target_load)
+        print(json.dumps(doc, indent=2, allow_nan=False))
     else:
-        print(composition_table(comp, cluster.load.arrival_rate))
+        print(composition_table(comp, cluster.load.arrival_rate, cluster.load.target_load))
     return 0
 
 
