@@ -4,6 +4,7 @@ one line on stderr naming the option, exit code 2, nothing started (tests run th
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,9 @@ from petals_chain.cli_args import (
     port_arg,
     size_range,
 )
+from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ["--model-blocks", "4", "--block-bytes", "1GB", "--cache-bytes", "100MB"]
@@ -90,3 +94,13 @@ def test_argument_types(convert, good: dict, bad: list[str]) -> None:
     for text in bad:
         with pytest.raises(argparse.ArgumentTypeError):
             convert(text)
+
+
+@pytest.mark.parametrize("kwargs", [{"lease_ttl_s": math.nan}, {"lease_ttl_s": 0.0}, {"lease_ttl_s": math.inf},
+                                    {"heartbeat_timeout_s": math.nan}, {"heartbeat_timeout_s": -1.0},
+                                    {"max_waiting": -1}, {"max_waiting": 2.5}])
+def test_orchestrator_refuses_bad_settings_from_code_too(kwargs: dict) -> None:
+    """Built from code rather than the command line, the same settings are refused naming the field."""
+    field = next(iter(kwargs)).replace("lease_ttl_s", "default_ttl_s")
+    with pytest.raises(SpecError, match=field):
+        Orchestrator(Registry(ModelSpec(4, 1e9, 1e8, "tiny"), arrival_rate=0.5), **kwargs)
