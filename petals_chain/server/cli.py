@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,14 +94,15 @@ def _positive(name: str, value: float | None) -> None:
 
 def build_server(args: argparse.Namespace) -> Any:
     """Validate everything, measure, start the DHT node, register: the OrchestratedServer ready to run()."""
+    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
+
+    memory = parse_budget(args.memory_budget)  # the options first, before petals is imported: one clean line
+    model_dir = check_model_dir(args.model_dir)
     from petals_chain.service_time import Workload
     from petals_chain.orchestrator.blocking import BlockingOrchestrator
     from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
     from petals_chain.server.petals_server import OrchestratedServer, check_against_orchestrator, profile_server
-    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
 
-    memory = parse_budget(args.memory_budget)  # the options first: they need no model to be checked
-    model_dir = check_model_dir(args.model_dir)
     for name in ("tau_p_s", "heartbeat_period_s", "update_period_s", "request_timeout_s"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.job_input_tokens < 1 or args.job_output_tokens < 1:
@@ -176,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # transformers' deprecation notice about torch's pytree API, printed on import: noise around a one-line error
+    warnings.filterwarnings("ignore", message=".*_register_pytree_node", category=FutureWarning)
     main_pid = os.getpid()
 
     def on_sigterm(signum: int, frame: Any) -> None:

@@ -67,6 +67,16 @@ def test_server_refuses_bad_numbers(option: str, value: str) -> None:
     assert_one_line(run_cli("petals_chain.server", *SERVER, f"{option}={value}"), option, value)
 
 
+def test_server_checks_its_budget_before_the_model_in_one_line() -> None:
+    """An absurd budget is refused before the model directory is looked at; either error is one clean line."""
+    small = run_cli("petals_chain.server", *SERVER[:-1], "5")
+    assert small.returncode == 2 and small.stderr.strip().splitlines() == [
+        "error: --memory-budget '5' = 5 bytes is absurdly small (did you forget the unit?)"]
+    missing = run_cli("petals_chain.server", *SERVER)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert "model directory '/nonexistent-model' does not exist" in missing.stderr
+
+
 def test_parser_errors_are_one_line_in_process(capsys: pytest.CaptureFixture[str]) -> None:
     p = OneLineParser(prog="prog")
     p.add_argument("--port", type=port_arg)
