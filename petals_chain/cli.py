@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 
+from petals_chain.cli_args import OneLineParser, positive_int_arg
 from petals_chain.model import InfeasibleError, SpecError
 
 
@@ -24,9 +25,10 @@ def _compose(args: argparse.Namespace) -> int:
         cluster.servers, cluster.model, cluster.load.arrival_rate, cluster.load.target_load, c=args.c, tune=args.tune
     )
     if args.json:
-        print(json.dumps(composition_to_dict(comp), indent=2))
+        doc = composition_to_dict(comp, cluster.load.arrival_rate, cluster.load.target_load)
+        print(json.dumps(doc, indent=2, allow_nan=False))
     else:
-        print(composition_table(comp, cluster.load.arrival_rate))
+        print(composition_table(comp, cluster.load.arrival_rate, cluster.load.target_load))
     return 0
 
 
@@ -39,7 +41,7 @@ def _chain_methods() -> tuple[str, ...]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and --help)."""
-    p = argparse.ArgumentParser(prog="python -m petals_chain", description=__doc__)
+    p = OneLineParser(prog="python -m petals_chain", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("compose", help="place blocks, compose chains and tune c for a cluster file")
     c.add_argument("cluster", help="cluster description (.yaml or .json); see README")
@@ -47,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="composition: proposed (default: c and chains by the lower bound), paper (Algorithm 1 as "
                         "written), max-chains (every chain the servers allow), jffc_only (whole-model servers)")
     g = c.add_mutually_exclusive_group()
-    g.add_argument("--c", type=int, default=None, help="use this reserved concurrency c instead of tuning it")
+    g.add_argument("--c", type=positive_int_arg, default=None,
+                   help="use this reserved concurrency c (an integer >= 1) instead of tuning it")
     g.add_argument("--tune", choices=("lower", "upper", "surrogate"), default="lower",
                    help="criterion that picks c (default: the Theorem 3.7 lower bound)")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

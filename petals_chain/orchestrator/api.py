@@ -6,8 +6,10 @@ models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a 
 misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
 (:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
 
-Routes (JSON unless noted; with a token, all but /health need ``Authorization: Bearer T``):
-GET /health · GET /metrics (Prometheus text) · GET /chains · GET /queue · GET /servers ·
+Routes (JSON unless noted; with a token, all but /health and /ready need ``Authorization: Bearer T``):
+GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 200 once at least one chain is offered,
+503 until then, for a load balancer or Kubernetes) · GET /metrics (Prometheus text) · GET /chains · GET /queue ·
+GET /servers ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} ·
@@ -69,6 +71,8 @@ def _error_middleware(orch: Orchestrator) -> Callable:
             if exc.status < 400:
                 raise
             status, message, fields = exc.status, exc.reason, []
+            if isinstance(exc, web.HTTPRequestEntityTooLarge):
+                message = f"request body too large: at most {bodies.MAX_BODY_BYTES} bytes"
         except Exception as exc:  # mapped below; unknown ones are a 500 with the message
             fields = exc.fields if isinstance(exc, BadRequestError) else []
             for cls, code in _STATUS_FOR:
@@ -90,12 +94,15 @@ def _error_middleware(orch: Orchestrator) -> Callable:
     return middleware
 
 
+OPEN_PATHS = frozenset({"/health", "/ready"})  # probes of orchestration tools, which carry no credentials
+
+
 def _auth_middleware(token: str | None) -> Callable:
-    """Require ``Authorization: Bearer <token>`` on every route but /health when a token is set."""
+    """Require ``Authorization: Bearer <token>`` on every route but the probes (OPEN_PATHS) when a token is set."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-        if token is not None and request.path != "/health":
+        if token is not None and request.path not in OPEN_PATHS:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 raise web.HTTPUnauthorized(reason="missing or wrong bearer token")
@@ -116,6 +123,24 @@ def _server_reply(orch: Orchestrator, rec: ServerRecord) -> dict[str, Any]:
 async def _health(request: web.Request) -> web.Response:
     """GET /health: liveness and a summary."""
     return _json(request.app[ORCH_KEY].health())
+
+
+async def _ready(request: web.Request) -> web.Response:
+    """GET /ready: 200 once at least one chain is offered (a lease can be granted), else 503 saying what is missing.
+
+    Not counted as an HTTP error: a probe polls it while the swarm starts.
+    """
+    h = request.app[ORCH_KEY].health()
+    reply = {"ready": h["chains"] > 0, "chains": h["chains"], "capacity": h["capacity"], "version": h["version"]}
+    if reply["ready"]:
+        return _json(reply)
+    if h["chains_composed"]:
+        why = f"{h['chains_composed']} chains composed, their servers still loading their blocks"
+    elif h["composition_error"]:
+        why = f"no composition: {h['composition_error']}"
+    else:
+        why = f"no composition yet ({h['servers_alive']} servers alive)"
+    return _json({**reply, "status": 503, "error": f"not ready: no chain offered; {why}"}, status=503)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -222,9 +247,11 @@ async def _report_failure(request: web.Request) -> web.Response:
 def build_app(orch: Orchestrator, *, token: str | None = None,
               sweep_interval_s: float = defaults.SWEEP_INTERVAL_S) -> web.Application:
     """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
-    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)])
+    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)],
+                          client_max_size=bodies.MAX_BODY_BYTES)
     app[ORCH_KEY] = orch
     app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/chains", _chains)
     app.router.add_get("/queue", _queue)

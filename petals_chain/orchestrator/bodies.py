@@ -2,9 +2,11 @@
 
 Every model refuses keys it does not know (a misspelt ``memory_byte`` is an error, not a silently ignored field),
 takes numbers only as JSON numbers (never strings or booleans) and range-checks them: finite and within bounds, so
-``NaN``, ``1e400`` or a 400-digit integer is a 400 that names the field, never a 500. The registry checks what
-depends on its own settings (a memory budget against the model and ``--max-memory-bytes``, a claimed span against
-the model's blocks, the characters of a server name) and answers those with a 400 naming the field too.
+``NaN``, ``1e400`` or a 400-digit integer is a 400 that names the field, never a 500. A body nested deeper
+than :data:`MAX_DEPTH` is a 400 too, and one larger than :data:`MAX_BODY_BYTES` a 413 (aiohttp's limit, set by
+the app). The registry checks what depends on its own settings (a memory budget against the model and
+``--max-memory-bytes``, a claimed span against the model's blocks, the characters of a server name) and answers
+those with a 400 naming the field too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ MAX_WAIT_S = 24 * 3600.0
 MAX_TTL_S = 24 * 3600.0
 MAX_LABEL_CHARS = 200  # free-text labels: a client's name, a server's reason for leaving
 MAX_BLOCK_INDEX = 1_000_000  # no model has a million transformer blocks; the registry checks the real count
+MAX_BODY_BYTES = 64 * 1024  # the largest real body (a registration) is a few hundred bytes; aiohttp answers 413 above
+MAX_DEPTH = 8  # the deepest real body nests 2 levels ({"serving": {"start", "end"}}); deeper is refused before use
 
 Model = TypeVar("Model", bound="Body")
 
@@ -172,6 +176,17 @@ def explain(exc: ValidationError, model: type[Body]) -> BadRequestError:
     return BadRequestError("; ".join(parts), fields)
 
 
+def _depth(data: Any) -> int:
+    """How deeply JSON containers nest in ``data`` (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
 def parse(model: type[Model], raw: bytes, *, required: bool = True) -> Model:
     """A request body (raw bytes) as ``model``; BadRequestError on malformed JSON, a non-object or a bad field.
 
@@ -186,6 +201,10 @@ def parse(model: type[Model], raw: bytes, *, required: bool = True) -> Model:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:  # ValueError also covers integers too long to convert
         raise BadRequestError(f"malformed JSON in request body: {exc}") from None
+    except RecursionError:  # the standard library's parser gives up on nesting deeper than the interpreter's stack
+        raise BadRequestError(f"request body nests JSON deeper than {MAX_DEPTH} levels") from None
+    if _depth(data) > MAX_DEPTH:
+        raise BadRequestError(f"request body nests JSON deeper than {MAX_DEPTH} levels")
     if not isinstance(data, dict):
         raise BadRequestError(f"request body must be a JSON object, got {type(data).__name__}")
     try:

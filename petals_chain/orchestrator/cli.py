@@ -23,10 +23,20 @@ from typing import TYPE_CHECKING, Any
 from petals_chain import defaults
 from petals_chain.compose.methods import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.bodies import MAX_TTL_S
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
-from petals_chain.units import duration_arg, size_arg
+from petals_chain.cli_args import (
+    OneLineParser,
+    count_arg,
+    duration_range,
+    fraction_arg,
+    port_arg,
+    positive_float_arg,
+    positive_int_arg,
+    size_range,
+)
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
@@ -40,40 +50,41 @@ BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures,
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; sizes and durations take units (0.405GB, 2min), bare numbers are bytes and seconds."""
-    p = argparse.ArgumentParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m petals_chain.orchestrator", description=__doc__.splitlines()[0])
     p.add_argument("--method", default="proposed",
                    help=f"serving method: {', '.join(method_names(live=True, orchestrated=True))} "
                         "(default proposed; PETALS routes by itself and needs no orchestrator)")
     m = p.add_argument_group("model and load (or --cluster)")
     m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
-    m.add_argument("--model-blocks", type=int, help="L, the number of transformer blocks")
-    m.add_argument("--block-bytes", type=size_arg, metavar="SIZE",
+    m.add_argument("--model-blocks", type=positive_int_arg, help="L, the number of transformer blocks")
+    m.add_argument("--block-bytes", type=size_range(gt=0), metavar="SIZE",
                    help="s_m, parameters per block (bytes, or e.g. 0.405GB; with --cluster: its exact value, "
                         "agreeing with the file's rounded block size)")
-    m.add_argument("--cache-bytes", type=size_arg, metavar="SIZE",
+    m.add_argument("--cache-bytes", type=size_range(gt=0), metavar="SIZE",
                    help="s_c, KV cache per block per job (bytes, or e.g. 64MiB; with --cluster: likewise)")
     m.add_argument("--model-name", default="model")
-    m.add_argument("--arrival-rate", type=float,
+    m.add_argument("--arrival-rate", type=positive_float_arg,
                    help=f"λ the composition is sized for, requests/s (default {defaults.ARRIVAL_RATE})")
-    m.add_argument("--target-load", type=float, help=f"ρ̄, target utilisation (default {defaults.TARGET_LOAD})")
+    m.add_argument("--target-load", type=fraction_arg, help=f"ρ̄, target utilisation (default {defaults.TARGET_LOAD})")
     m.add_argument("--pin-cluster-times", action="store_true",
                    help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
                         "times they measure and report themselves")
-    m.add_argument("--c", type=int, default=None, help="fixed reserved concurrency c (default: tuned)")
+    m.add_argument("--c", type=positive_int_arg, default=None, help="fixed reserved concurrency c (default: tuned)")
     m.add_argument("--tune", default=None, choices=("lower", "upper", "surrogate"),
                    help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
-    s.add_argument("--port", type=int, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")
+    s.add_argument("--port", type=port_arg, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")
     s.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV}); /health stays open")
-    s.add_argument("--lease-ttl", "--lease-ttl-s", dest="lease_ttl_s", type=duration_arg, metavar="DURATION",
-                   default=defaults.LEASE_TTL_S, help="a lease not renewed for this long expires (e.g. 60s, 2min)")
-    s.add_argument("--heartbeat-timeout", "--heartbeat-timeout-s", dest="heartbeat_timeout_s", type=duration_arg,
-                   metavar="DURATION", default=defaults.HEARTBEAT_TIMEOUT_S,
+    s.add_argument("--lease-ttl", "--lease-ttl-s", dest="lease_ttl_s", type=duration_range(gt=0, le=MAX_TTL_S),
+                   metavar="DURATION", default=defaults.LEASE_TTL_S,
+                   help="a lease not renewed for this long expires (e.g. 60s, 2min; at most 24 h)")
+    s.add_argument("--heartbeat-timeout", "--heartbeat-timeout-s", dest="heartbeat_timeout_s",
+                   type=duration_range(ge=0), metavar="DURATION", default=defaults.HEARTBEAT_TIMEOUT_S,
                    help="a registered server silent this long is marked dead (0 disables)")
-    s.add_argument("--max-memory-bytes", type=size_arg, metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
+    s.add_argument("--max-memory-bytes", type=size_range(gt=0), metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd (e.g. 1PB)")
-    s.add_argument("--max-waiting", type=int, default=defaults.MAX_WAITING,
+    s.add_argument("--max-waiting", type=count_arg, default=defaults.MAX_WAITING,
                    help="most lease requests allowed to wait at once")
     s.add_argument("--offer-unready-chains", action="store_true",
                    help="offer a chain as soon as it is composed (default: once every server on it reports that "

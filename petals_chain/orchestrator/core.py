@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from petals_chain import defaults
-from petals_chain.model import Composition, ServerSpec
+from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.bodies import BadRequestError, HeartbeatBody, RegisterBody
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
 from petals_chain.orchestrator.leases import Lease, LeaseManager
@@ -42,6 +42,11 @@ class Orchestrator:
         offer_when_serving: bool = False,
         lease_manager: Callable[..., LeaseManager] = LeaseManager,
     ) -> None:
+        if heartbeat_timeout_s is not None and not (
+                isinstance(heartbeat_timeout_s, (int, float)) and math.isfinite(heartbeat_timeout_s)
+                and heartbeat_timeout_s > 0):
+            raise SpecError(f"orchestrator: field 'heartbeat_timeout_s' must be a finite number > 0 or None (off), "
+                            f"got {heartbeat_timeout_s!r}")
         self.registry = registry
         # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
         # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).

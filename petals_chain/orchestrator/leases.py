@@ -26,6 +26,7 @@ from typing import Any
 from petals_chain import defaults
 from petals_chain.dispatch.base import Start
 from petals_chain.dispatch.jffc import JFFC
+from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo
 
 # Histogram bucket upper bounds (seconds) for waiting and lease-held times.
@@ -142,6 +143,10 @@ class LeaseManager:
         max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not (isinstance(default_ttl_s, (int, float)) and math.isfinite(default_ttl_s) and default_ttl_s > 0):
+            raise SpecError(f"leases: field 'default_ttl_s' must be a finite number > 0, got {default_ttl_s!r}")
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
+            raise SpecError(f"leases: field 'max_waiting' must be an integer >= 0, got {max_waiting!r}")
         self.default_ttl_s = default_ttl_s
         self.max_waiting = max_waiting
         self.clock = clock

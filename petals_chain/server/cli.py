@@ -14,37 +14,43 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from petals_chain import defaults
 from petals_chain.model import SpecError
-from petals_chain.units import duration_arg
+from petals_chain.cli_args import EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, positive_int_arg
+from petals_chain.units import parse_size
 
-EXIT_BAD_INPUT = 2
+
+def _reserve(text: str) -> float | None:
+    """``--reserve``: 'auto' (None) or a size (bytes); UnitError on anything else."""
+    return None if text == "auto" else parse_size(text)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; sizes and durations take units (20GB, 512MB; 500ms, 2s); bare numbers: bytes, seconds."""
-    p = argparse.ArgumentParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
     p.add_argument("model_dir", help="local Hugging Face checkpoint directory (config.json + *.safetensors)")
     p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
-    p.add_argument("--memory-budget", required=True, help="memory of this server, e.g. 20GB or 300MB")
-    p.add_argument("--reserve", default="auto",
+    p.add_argument("--memory-budget", required=True, type=checked_text(parse_size, "size"),
+                   help="memory of this server, e.g. 20GB or 300MB")
+    p.add_argument("--reserve", default="auto", type=checked_text(_reserve, "size"),
                    help="memory kept out of M_j for the process itself (CUDA context, activations): a size, or "
                         "'auto' (on a CUDA device 0.7 GiB + one max-length prefill's activations; on a CPU 0); "
                         "M_j = budget - reserve is what blocks + KV cache get")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
     p.add_argument("--token", default=None, help="orchestrator bearer token (or env PETALS_CHAIN_ORCH_TOKEN)")
-    p.add_argument("--max-length", type=int, default=defaults.MAX_LENGTH,
+    p.add_argument("--max-length", type=positive_int_arg, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
     p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
-    p.add_argument("--job-input-tokens", type=int, default=defaults.JOB_INPUT_TOKENS,
+    p.add_argument("--job-input-tokens", type=positive_int_arg, default=defaults.JOB_INPUT_TOKENS,
                    help="l_in of the job τp is measured for")
-    p.add_argument("--job-output-tokens", type=int, default=defaults.JOB_OUTPUT_TOKENS,
+    p.add_argument("--job-output-tokens", type=positive_int_arg, default=defaults.JOB_OUTPUT_TOKENS,
                    help="l_out of the job τp and τc are for")
-    p.add_argument("--tau-p", "--tau-p-s", dest="tau_p_s", type=duration_arg, metavar="DURATION", default=None,
+    p.add_argument("--tau-p", "--tau-p-s", dest="tau_p_s", type=duration_range(gt=0), metavar="DURATION", default=None,
                    help="use this per-block time (e.g. 120ms) instead of measuring it (an emulated slower device)")
     p.add_argument("--block-indices", default=None,
                    help="serve exactly start:end, only if the orchestrator assigned it (else exit with its refusal)")
@@ -53,17 +59,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"],
                    help="where the server's p2p node listens (default: loopback, a free port)")
     p.add_argument("--announce-maddrs", nargs="*", default=None)
-    p.add_argument("--num-handlers", type=int, default=1, help="petals connection-handler processes")
-    p.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads of this server")
-    p.add_argument("--heartbeat-period", "--heartbeat-period-s", dest="heartbeat_period_s", type=duration_arg,
+    p.add_argument("--num-handlers", type=positive_int_arg, default=1, help="petals connection-handler processes")
+    p.add_argument("--torch-threads", type=positive_int_arg, default=1, help="torch CPU threads of this server")
+    p.add_argument("--heartbeat-period", "--heartbeat-period-s", dest="heartbeat_period_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.HEARTBEAT_PERIOD_S)
-    p.add_argument("--settle", "--settle-s", dest="settle_s", type=duration_arg, metavar="DURATION",
+    p.add_argument("--settle", "--settle-s", dest="settle_s", type=duration_range(ge=0), metavar="DURATION",
                    default=defaults.SETTLE_S,
                    help="load a span only once the assignment has not changed for this long (others still joining)")
-    p.add_argument("--update-period", "--update-period-s", dest="update_period_s", type=duration_arg,
+    p.add_argument("--update-period", "--update-period-s", dest="update_period_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.DHT_UPDATE_PERIOD_S,
                    help="how often blocks are re-announced in the DHT")
-    p.add_argument("--request-timeout", "--request-timeout-s", dest="request_timeout_s", type=duration_arg,
+    p.add_argument("--request-timeout", "--request-timeout-s", dest="request_timeout_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.SERVER_REQUEST_TIMEOUT_S)
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -88,14 +94,15 @@ def _positive(name: str, value: float | None) -> None:
 
 def build_server(args: argparse.Namespace) -> Any:
     """Validate everything, measure, start the DHT node, register: the OrchestratedServer ready to run()."""
+    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
+
+    memory = parse_budget(args.memory_budget)  # the options first, before petals is imported: one clean line
+    model_dir = check_model_dir(args.model_dir)
     from petals_chain.service_time import Workload
     from petals_chain.orchestrator.blocking import BlockingOrchestrator
     from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
     from petals_chain.server.petals_server import OrchestratedServer, check_against_orchestrator, profile_server
-    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
 
-    model_dir = check_model_dir(args.model_dir)
-    memory = parse_budget(args.memory_budget)
     for name in ("tau_p_s", "heartbeat_period_s", "update_period_s", "request_timeout_s"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.job_input_tokens < 1 or args.job_output_tokens < 1:
@@ -171,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # transformers' deprecation notice about torch's pytree API, printed on import: noise around a one-line error
+    warnings.filterwarnings("ignore", message=".*_register_pytree_node", category=FutureWarning)
     main_pid = os.getpid()
 
     def on_sigterm(signum: int, frame: Any) -> None:
