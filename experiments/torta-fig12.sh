@@ -1,5 +1,3 @@
 #!/usr/bin/env bash
 # TORTA Fig 12: pass --quick for the minutes-long version, --seed S to change the seed.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-exec .venv/bin/python -m petals_chain.experiments torta-fig12 "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run.sh" torta-fig12 "$@"
