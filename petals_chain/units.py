@@ -16,10 +16,8 @@ refused with a :class:`UnitError` saying what was expected; callers add the fiel
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
-from collections.abc import Callable
 from typing import Any
 
 import humanfriendly
@@ -123,22 +121,3 @@ def parse_rate(value: Any) -> float:
     if unit and not (unit.lower().endswith("/s") and per_second in SIZE_UNITS):
         raise UnitError(f"unknown rate unit {unit!r} in {value!r} (a size unit per second, e.g. GB/s, MiB/s)")
     return number * SIZE_UNITS[per_second] if unit else number
-
-
-
-def _argparse_type(parse: Callable[[Any], float], name: str) -> Callable[[str], float]:
-    """An argparse ``type=`` that parses with ``parse`` and reports a UnitError as a bad flag value."""
-
-    def convert(text: str) -> float:
-        """The parsed value, or argparse's error naming the flag."""
-        try:
-            return parse(text)
-        except UnitError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = name  # argparse names the type in some messages
-    return convert
-
-
-size_arg = _argparse_type(parse_size, "size")  # ``--max-memory-bytes 1PB``: bytes
-duration_arg = _argparse_type(parse_duration, "duration")  # ``--lease-ttl 2min``: seconds
