@@ -102,6 +102,16 @@ def petals_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_
     return Composition(tuple(servers), model, petals_placement(servers, model), ())
 
 
+def petals_capped_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
+                              target_load: float = defaults.TARGET_LOAD, c: int | None = None,
+                              tune: str = "lower") -> Composition:
+    """PETALS as the chain-serving authors modelled it: a low-end server's span capped (AUTHORS_LOW_END_SPAN)."""
+    from petals_chain.compose.petals_default import AUTHORS_LOW_END_SPAN, petals_placement
+
+    placement = petals_placement(servers, model, low_end_span=AUTHORS_LOW_END_SPAN)
+    return Composition(tuple(servers), model, placement, ())
+
+
 @dataclass(frozen=True)
 class Method:
     """One serving method: its name, labels, composer and routing (see the module docstring)."""
@@ -143,6 +153,10 @@ METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
            max_chains_composition, tunes_c=True),
     Method("jffc_only", "JFFC only", "JFFC only", Routing.JFFC, whole_model_chains),
     Method("petals", "PETALS", "PETALS", Routing.PETALS, petals_composition),
+    Method("petals_capped", "PETALS (authors)", "PETALS as the authors modelled it (low-end span ≤ 4 blocks)",
+           Routing.PETALS, petals_capped_composition,
+           sim_only="the span cap is the authors' simulator's assumption; a real PETALS server sizes its span "
+                    "from memory"),
     Method("bprr", "BPRR", "BPRR", Routing.WS_RR, bprr_placement),
     Method("bprr_oracle", "BPRR (exact sizes)", "BPRR (exact sizes)", Routing.WS_RR, bprr_placement,
            estimate="exact", sim_only="WS-RR is told every job's exact size in advance, which no live scheduler "

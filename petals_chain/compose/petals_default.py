@@ -18,6 +18,10 @@ from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec
 
 # PETALS 2.2 gives a non-multi-query model 4096 cache tokens per block: two 2048-token sessions.
 DEFAULT_CACHE_JOBS = 2
+# The chain-serving authors' simulator gives a low-end server (less memory than the cluster's largest) at most
+# this many blocks under PETALS; PETALS itself sizes the span from memory. Used only by the ``petals_capped``
+# baseline, which reproduces their comparison.
+AUTHORS_LOW_END_SPAN = 4
 
 
 def _best_start(throughput: np.ndarray, m: int) -> int:
@@ -37,14 +41,26 @@ def petals_placement(
     cache_jobs: int = DEFAULT_CACHE_JOBS,
     balance_quality: float = 0.75,
     max_rounds: int = 50,
+    low_end_span: int | None = None,
 ) -> Placement:
-    """Place blocks the way PETALS servers choose them when joining one by one, then rebalance."""
+    """Place blocks the way PETALS servers choose them when joining one by one, then rebalance.
+
+    ``low_end_span`` caps the span of every server with less memory than the largest (the authors' model of
+    PETALS, see :data:`AUTHORS_LOW_END_SPAN`); None sizes every span from memory as PETALS does."""
     servers = validate_servers(servers)
     L = model.num_blocks
     m = blocks_array(servers, model, cache_jobs)
+    if low_end_span is not None:
+        if isinstance(low_end_span, bool) or not isinstance(low_end_span, int) or low_end_span < 1:
+            raise InfeasibleError(f"PETALS placement: field 'low_end_span' must be an integer >= 1, "
+                                  f"got {low_end_span!r}")
+        top = max(s.memory_bytes for s in servers)
+        low = np.array([s.memory_bytes < top for s in servers])
+        m = np.where(low, np.minimum(m, low_end_span), m)
     if int(m.sum()) < L:
         raise InfeasibleError(
             f"PETALS placement: the servers fit {int(m.sum())} of {L} blocks with cache for {cache_jobs} sessions"
+            + ("" if low_end_span is None else f" (low-end spans capped at {low_end_span} blocks)")
         )
     speed = np.array([1.0 / s.tau_p_s for s in servers])
     throughput = np.zeros(L)

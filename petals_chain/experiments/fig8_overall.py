@@ -28,7 +28,7 @@ QUICK = {"Js": (10, 20, 40), "etas": (0.1, 0.2, 0.4), "runs": 5, "n_jobs": 2000}
 WARMUP_FRACTION = 0.1
 OVERLOAD_RATIO = 0.9  # a run whose completions fall below 90 % of its arrival rate is flagged overloaded
 PAPER_REDUCTION = (8.0, 83.0)
-BASELINES = ("petals", "bprr", "bprr_oracle", "jffc_only", "paper", "max-chains")
+BASELINES = ("petals", "petals_capped", "bprr", "bprr_oracle", "jffc_only", "paper", "max-chains")
 
 
 @dataclass(frozen=True)

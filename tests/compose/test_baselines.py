@@ -95,3 +95,27 @@ def test_baselines_respect_memory_on_random_clusters():
                 continue
             assert _coverage(p, 8).min() >= 1
             assert memory_violations(servers, model, p, gca(servers, model, p)) == []
+
+
+def test_petals_capped_as_the_authors_modelled_it():
+    """The authors' PETALS: low-end spans ≤ 4 blocks, so J = 10, η = 0.1 (1 high + 9 low) cannot hold BLOOM-176B,
+    while PETALS sizing spans from memory can; high-end spans are not capped."""
+    from petals_chain.compose.methods import METHODS
+    from petals_chain.compose.petals_default import AUTHORS_LOW_END_SPAN
+    from petals_chain.experiments.paper import model
+
+    bloom = model()
+    high = [ServerSpec("h0", 40 * GB, 0.05, 0.109)]
+    low = [ServerSpec(f"l{i}", 20 * GB, 0.05, 0.175) for i in range(9)]
+    servers = high + low
+    free = petals_placement(servers, bloom)
+    assert max(free.num_blocks[1:]) > AUTHORS_LOW_END_SPAN  # PETALS itself gives low-end servers more
+    with pytest.raises(InfeasibleError, match="capped at 4"):
+        METHODS["petals_capped"].compose(servers, bloom, 0.2)
+    servers = high * 1 + [ServerSpec(f"h{i}", 40 * GB, 0.05, 0.109) for i in range(1, 4)] + low
+    capped = METHODS["petals_capped"].compose(servers, bloom, 0.2).placement
+    assert all(m <= AUTHORS_LOW_END_SPAN for m in capped.num_blocks[4:])
+    assert max(capped.num_blocks[:4]) > AUTHORS_LOW_END_SPAN
+    assert not METHODS["petals_capped"].live
+    with pytest.raises(InfeasibleError, match="low_end_span"):
+        petals_placement(servers, bloom, low_end_span=0)

@@ -45,11 +45,12 @@ def write_cluster(path: Path) -> Path:
 
 def test_table_entries_are_consistent() -> None:
     """Names are the keys; the figures' order starts with the proposed scheme; only PETALS skips the orchestrator;
-    only the oracle is simulator-only; a bad entry is refused naming the field."""
-    assert list(METHODS) == ["proposed", "paper", "max-chains", "jffc_only", "petals", "bprr", "bprr_oracle"]
+    only the oracle and the authors' capped PETALS are simulator-only; a bad entry is refused naming the field."""
+    assert list(METHODS) == ["proposed", "paper", "max-chains", "jffc_only", "petals", "petals_capped", "bprr",
+                             "bprr_oracle"]
     assert all(name == m.name and m.label and m.legend for name, m in METHODS.items())
-    assert method_names(orchestrated=False) == ("petals",)
-    assert method_names(live=False) == ("bprr_oracle",)
+    assert method_names(orchestrated=False) == ("petals", "petals_capped")
+    assert method_names(live=False) == ("petals_capped", "bprr_oracle")
     assert method_names(live=True, orchestrated=True) == ("proposed", "paper", "max-chains", "jffc_only", "bprr")
     assert [m.name for m in METHODS.values() if m.tunes_c] == ["proposed", "paper", "max-chains"]
     with pytest.raises(SpecError, match="field 'estimate'"):
