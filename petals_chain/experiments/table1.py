@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.compose.methods import METHODS
+from petals_chain.compose.methods import METHODS, Routing
 from petals_chain.experiments.common import REPO, Summary, publish
+from petals_chain.experiments.limit import distance_to_limit
 from petals_chain.experiments.replay import (ReplayPlan, ReplayResult, check_littles_law, plan_replay, prompts_for,
                                              replay, summarize)
 from petals_chain.experiments.table1_report import METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, write_outputs
@@ -208,6 +209,11 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                              "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
                              "errors": sorted({r.error for r in bad})[:5]}
+            if METHODS[method].routing is Routing.JFFC:  # fixed chains: how far from the Theorem 3.7 limit
+                limit = distance_to_limit(res.records, live.info.chains)
+                infos[method]["limit"] = limit.as_json()
+                infos[method]["limit_line"] = limit.describe()
+                log(f"[{method}] {limit.describe()}")
             little = check_littles_law(res)
             infos[method]["littles_law"] = little.as_json()
             infos[method]["littles_law_line"] = little.describe()
@@ -235,6 +241,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                          f"{s['service_mean']:.2f} s{red}")
         elif m in infos:
             lines.append(f"{METHODS[m].label}: {infos[m]['status']} ({infos[m]['summary']})")
+    lines += [f"{METHODS[m].label}: {infos[m]['limit_line']}" for m in METHOD_ORDER if m in infos
+              and infos[m].get("limit_line")]
     lines += [f"{METHODS[m].label}: {infos[m]['littles_law_line']}" for m in METHOD_ORDER
               if m in infos and not infos[m].get("littles_law", {}).get("ok", True)]
     lines.append(f"total wall time {time.monotonic() - t_all:.0f} s; outputs: "

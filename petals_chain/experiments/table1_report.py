@@ -13,6 +13,7 @@ import numpy as np
 
 from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import plt
+from petals_chain.experiments.limit import LimitCheck, plot_limits
 from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law
 
 METHOD_ORDER = ("petals", "bprr", "jffc_only", "proposed")  # the paper's Table 1 columns (methods of METHODS)
@@ -87,6 +88,11 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
     paths["md"] = out_dir / f"{stem}.md"
     paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
     paths["png"] = plot(out_dir / f"{stem}.png", stats, results)
+    limits = {METHODS[m].label: LimitCheck(**infos[m]["limit"]) for m in METHOD_ORDER
+              if m in infos and infos[m].get("limit")}
+    if limits:  # the distance to the limit of every JFFC replay (fixed chains)
+        paths["limit"] = plot_limits(out_dir / f"{stem}_limit.png", limits,
+                                     "measured mean response vs the Theorem 3.7 bounds of the measured chains")
     paths["json"] = out_dir / f"{stem}_details.json"
     paths["json"].write_text(json.dumps({"command": command, "plan": plan.describe(), "stats": stats,
                                          "infos": infos, "paper": PAPER}, indent=1, default=str))

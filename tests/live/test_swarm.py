@@ -89,15 +89,24 @@ def _generate(model, prompt: list[int], new_tokens: int, session=None) -> list[i
     return out[0].tolist()
 
 
-def _wait_for(pred, timeout_s: float, what: str, period_s: float = 0.1):
-    """Poll pred() until truthy; fail naming ``what`` after timeout_s."""
+def _wait_for(pred, timeout_s: float, what: str, period_s: float = 0.1, progress=None):
+    """Poll pred() until truthy; fail naming ``what`` after timeout_s.
+
+    With ``progress`` (a callable), the wait follows the swarm's state instead of the clock: the timeout counts
+    from the last time progress() changed, so a busy machine that is slow but moving never fails the wait."""
     deadline = time.monotonic() + timeout_s
+    seen = progress() if progress is not None else None
     while time.monotonic() < deadline:
         value = pred()
         if value:
             return value
         time.sleep(period_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        if progress is not None:
+            now = progress()
+            if now != seen:
+                seen, deadline = now, time.monotonic() + timeout_s
+    stalled = " without progress" if progress is not None else ""
+    raise AssertionError(f"timed out after {timeout_s:g} s{stalled} waiting for {what}")
 
 
 def _chains(swarm: LocalSwarm) -> list[dict]:
