@@ -59,34 +59,73 @@ def confidence_interval(values: Sequence[float] | np.ndarray, level: float = 0.9
     return Summary(mean, std, int(x.size), mean - half, mean + half, level)
 
 
+def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[str, Any]]:
+    """Rows already computed for this (task, seed, R) in a JSONL checkpoint; other keys and torn lines ignored."""
+    done: dict[int, dict[str, Any]] = {}
+    if not path.is_file():
+        return done
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill: recomputed
+            continue
+        if entry.get("key") == key and 0 <= entry.get("r", -1) < replications:
+            done[int(entry["r"])] = entry["row"]
+    return done
+
+
 def run_replications(task: Task, replications: int, seed: int, *, workers: int | None = None,
-                     progress: bool = True, desc: str = "replications") -> list[dict[str, Any]]:
+                     progress: bool = True, desc: str = "replications",
+                     checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
     """Run ``task(seed_sequence, r)`` for r = 0..R-1; results in replication order.
 
     ``task`` must be picklable (a module-level function or a dataclass instance
     with ``__call__``). ``workers=1`` runs in this process; the default uses up
-    to ``os.cpu_count()`` processes.
+    to ``os.cpu_count()`` processes. With ``checkpoint`` (a JSONL file), every finished
+    replication is appended as it completes and a rerun with the same task, seed and R
+    computes only the missing ones (replication r always gets the same seed), so a
+    long experiment survives being stopped and resumes where it was.
     """
     if replications < 1:
         raise ValueError(f"run_replications: replications must be >= 1, got {replications}")
     children = np.random.SeedSequence(seed).spawn(replications)
-    workers = min(replications, workers or os.cpu_count() or 1)
     out: list[dict[str, Any] | None] = [None] * replications
-    bar = tqdm(total=replications, desc=desc, disable=not progress, leave=False)
+    key = f"{task!r}|seed={seed}|R={replications}"
+    sink = None
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        for r, row in _load_checkpoint(checkpoint, key, replications).items():
+            out[r] = row
+        torn = checkpoint.is_file() and checkpoint.stat().st_size > 0 and not checkpoint.read_bytes().endswith(b"\n")
+        sink = checkpoint.open("a")
+        if torn:  # a line cut short by a kill: end it so the next row starts on a line of its own
+            sink.write("\n")
+    todo = [r for r in range(replications) if out[r] is None]
+    workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
+
+    def done(r: int, row: dict[str, Any]) -> None:
+        out[r] = row
+        if sink is not None:
+            sink.write(json.dumps({"key": key, "r": r, "row": row}, default=float) + "\n")
+            sink.flush()
+        bar.update()
+
+    bar = tqdm(total=replications, initial=replications - len(todo), desc=desc, disable=not progress, leave=False)
     try:
         if workers <= 1:
-            for r, child in enumerate(children):
-                out[r] = task(child, r)
-                bar.update()
+            for r in todo:
+                done(r, task(children[r], r))
         else:
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                futures = {pool.submit(task, child, r): r for r, child in enumerate(children)}
+                futures = {pool.submit(task, children[r], r): r for r in todo}
                 for fut in as_completed(futures):
-                    out[futures[fut]] = fut.result()
-                    bar.update()
+                    done(futures[fut], fut.result())
     finally:
         bar.close()
+        if sink is not None:
+            sink.close()
     return [row for row in out if row is not None]
 
 

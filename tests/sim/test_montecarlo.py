@@ -51,3 +51,32 @@ def test_summaries_are_written_as_csv_and_json(tmp_path: Path) -> None:
     doc = json.loads(write_json(summary, tmp_path / "out" / "summary.json", policy="SED").read_text())
     assert doc["meta"] == {"policy": "SED"}
     assert doc["summary"]["mean_response_s"]["n"] == 3
+
+
+def test_checkpointed_replications_resume_where_they_stopped(tmp_path: Path) -> None:
+    """A run stopped half way (a torn last line included) resumes: only the missing replications run again and the
+    rows equal an uninterrupted run's; another task or seed in the same file is not mistaken for this one."""
+    full = run_replications(TASK, 4, seed=3, workers=1, progress=False)
+    ckpt = tmp_path / "ckpt.jsonl"
+    first = run_replications(TASK, 4, seed=3, workers=1, progress=False, checkpoint=ckpt)
+    assert first == full and len(ckpt.read_text().splitlines()) == 4
+    lines = ckpt.read_text().splitlines()
+    ckpt.write_text("\n".join(lines[:2]) + "\n" + lines[2][:25] + "\n")  # killed while writing the third
+    calls: list[int] = []
+
+    class Counting(PoissonPolicyRun):
+        def __call__(self, seed, r):
+            calls.append(r)
+            return super().__call__(seed, r)
+
+    counting = Counting(*[getattr(TASK, f) for f in TASK.__dataclass_fields__])
+    other = run_replications(counting, 4, seed=3, workers=1, progress=False, checkpoint=ckpt)
+    assert sorted(calls) == [0, 1, 2, 3] and other == full  # another task (its repr differs): nothing reused
+    calls.clear()
+    ckpt.write_text("\n".join(lines[:2]) + "\n" + lines[2][:25])
+    Counting.__repr__ = lambda self: repr(TASK)  # the same task as far as the checkpoint can tell
+    resumed = run_replications(counting, 4, seed=3, workers=1, progress=False, checkpoint=ckpt)
+    assert sorted(calls) == [2, 3] and resumed == full
+    calls.clear()
+    assert run_replications(counting, 4, seed=3, workers=1, progress=False, checkpoint=ckpt) == full and not calls
+    assert run_replications(TASK, 4, seed=4, workers=1, progress=False, checkpoint=ckpt) != full
