@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
+def code_digest() -> str:
+    """A digest of every source file of the package: a checkpoint is reused only by the very same code."""
+    h = hashlib.sha256()
+    for path in sorted((REPO / "petals_chain").rglob("*.py")):
+        h.update(path.relative_to(REPO).as_posix().encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def checkpoint_path(name: str, args: Any) -> Path | None:
+    """Where a full (not --quick) run keeps its finished replications so that a rerun of the same code resumes
+    (git-ignored .cache/; the file name carries the code's digest, so changed code never reuses stale rows)."""
+    if args.quick:
+        return None
+    return REPO / ".cache" / "experiments" / f"{name}-seed{args.seed}-{code_digest()}.jsonl"
+
+
 class Summary:
     """Headline results of one experiment run, for results/README.md and the closing notes."""
 

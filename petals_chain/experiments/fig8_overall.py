@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.compose.methods import METHODS
-from petals_chain.experiments.common import REPO, Summary, plt, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
@@ -175,9 +175,8 @@ def run(args) -> Summary:
     settings = tuple((J, eta) for J in cfg["Js"] for eta in cfg["etas"])
     task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"])
     # Resumable: every finished run is kept in .cache/experiments/ and a rerun computes only the missing ones.
-    partial = REPO / ".cache" / "experiments" / f"fig8{'-quick' if args.quick else ''}-seed{args.seed}.jsonl"
     rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
-                            desc="fig8 runs", checkpoint=partial)
+                            desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
     write_csv(args.out / "fig8_runs.csv", rows)
     agg = aggregate(rows, settings)
     write_csv(args.out / "fig8.csv", agg)

@@ -4,7 +4,7 @@ sub-linear speed-ups, in the mean-field, Halfin-Whitt and super-HW regimes (Exp 
 from __future__ import annotations
 
 
-from petals_chain.experiments.common import Summary, plt, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
 from petals_chain.moldable import paper as P
 from petals_chain.moldable.bounds import stein_bounds
 from petals_chain.moldable.optimal import optimal_allocation
@@ -29,7 +29,8 @@ def run(args) -> Summary:
                 for scheme in SCHEMES:
                     keys.append((speed_name, regime, n, scheme, lam, SpeedUp(speed)))
                     cells.append(MoldableRun(n, lam, speed, scheme, "exp", arrivals))
-    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable Fig. 2 runs")
+    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable Fig. 2 runs",
+                              checkpoint=checkpoint_path("moldable-fig2", args))
     rows = []
     for (speed_name, regime, n, scheme, lam, sp), reps in zip(keys, grouped):
         s = summarise(reps)

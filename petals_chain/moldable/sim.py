@@ -4,6 +4,7 @@ picklable replications for :func:`petals_chain.sim.montecarlo.run_replications`,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,10 +130,13 @@ class CellBatch:
 
 
 def replicate_cells(cells: list[MoldableRun], runs: int, seed: int, *, workers: int | None = None,
-                    progress: bool = True, desc: str = "moldable runs") -> list[list[dict[str, Any]]]:
-    """``runs`` replications of every cell in one pool; returns the rows grouped by cell, in order."""
+                    progress: bool = True, desc: str = "moldable runs",
+                    checkpoint: str | Path | None = None) -> list[list[dict[str, Any]]]:
+    """``runs`` replications of every cell in one pool; returns the rows grouped by cell, in order.
+
+    ``checkpoint``: a JSONL file that makes the run resumable (see ``run_replications``)."""
     rows = run_replications(CellBatch(tuple(cells), runs), len(cells) * runs, seed, workers=workers,
-                            progress=progress, desc=desc)
+                            progress=progress, desc=desc, checkpoint=checkpoint)
     return [rows[c * runs:(c + 1) * runs] for c in range(len(cells))]
 
 

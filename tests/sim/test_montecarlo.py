@@ -80,3 +80,14 @@ def test_checkpointed_replications_resume_where_they_stopped(tmp_path: Path) -> 
     calls.clear()
     assert run_replications(counting, 4, seed=3, workers=1, progress=False, checkpoint=ckpt) == full and not calls
     assert run_replications(TASK, 4, seed=4, workers=1, progress=False, checkpoint=ckpt) != full
+
+
+def test_experiment_checkpoints_are_for_full_runs_of_the_same_code() -> None:
+    from types import SimpleNamespace
+
+    from petals_chain.experiments.common import checkpoint_path, code_digest
+
+    assert checkpoint_path("fig8", SimpleNamespace(quick=True, seed=1)) is None  # quick runs always recompute
+    path = checkpoint_path("fig8", SimpleNamespace(quick=False, seed=1))
+    assert path is not None and path.name == f"fig8-seed1-{code_digest()}.jsonl" and ".cache" in path.parts
+    assert code_digest() == code_digest() and len(code_digest()) == 16
