@@ -18,7 +18,6 @@ from petals_chain.sim.montecarlo import confidence_interval
 REPO = Path(__file__).resolve().parents[2]
 
 
-@dataclass
 def code_digest() -> str:
     """A digest of every source file of the package: a checkpoint is reused only by the very same code."""
     h = hashlib.sha256()
@@ -36,6 +35,7 @@ def checkpoint_path(name: str, args: Any) -> Path | None:
     return REPO / ".cache" / "experiments" / f"{name}-seed{args.seed}-{code_digest()}.jsonl"
 
 
+@dataclass
 class Summary:
     """Headline results of one experiment run, for results/README.md and the closing notes."""
 
