@@ -54,10 +54,12 @@ def test_dashboard_json_matches_servers_chains_queue_and_leases() -> None:
                 assert mine["assignment"] == {"start": a["start"], "end": a["end"]}
             states = {s["name"]: s["state"] for s in d["servers"]}
             assert states == {"a": "loading", "b": "loading", "d": "serving", "e": "loading"}
-            offered = [c for c in d["chains"] if c["offered"]]
-            assert [(c["chain_id"], c["spans"], c["capacity"], c["busy"]) for c in offered] == [
-                (c["chain_id"], c["spans"], c["capacity"], c["busy"]) for c in chains]
-            assert [c["busy"] for c in d["chains"]] == [2, 1, 1]
+            keys = ("chain_id", "spans", "capacity", "busy")
+            shown = [[c[k] for k in keys] for c in d["chains"] if c["offered"]]
+            offered = [[c[k] for k in keys] for c in chains]
+            assert shown == offered
+            busy = [c["busy"] for c in d["chains"]]
+            assert busy == [2, 1, 1]
             assert d["totals"] == {"capacity": 4, "busy": 4, "free": 0, "active_leases": 4, "orphaned_leases": 0}
             assert d["queue"]["length"] == 1 and d["queue"]["head"][0]["client"] == "w<script>"
             slots = {s["name"]: (s["cache_slots_in_use"], s["cache_slots"]) for s in d["servers"]}
