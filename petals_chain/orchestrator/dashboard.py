@@ -91,24 +91,35 @@ def _servers(orch: Orchestrator) -> list[dict[str, Any]]:
     return out
 
 
+def _chain_row(chain: ChainInfo, busy: int, offered: bool) -> dict[str, Any]:
+    """One row of the chains table."""
+    return {
+        "chain_id": chain.chain_id,
+        "spans": [{"server": s.server, "start": s.start, "end": s.end} for s in chain.spans],
+        "capacity": chain.capacity,
+        "busy": busy,
+        "service_time_s": chain.service_time_s,
+        "offered": offered,
+    }
+
+
+def routes_per_request(orch: Orchestrator) -> bool:
+    """Whether the lease manager routes each request over the placement (WS-RR) instead of offering fixed chains."""
+    return getattr(orch.leases, "set_composition", None) is not None  # the hook core.Orchestrator.install calls
+
+
 def _chains(orch: Orchestrator) -> tuple[list[dict[str, Any]], list[ChainInfo]]:
-    """Every composed chain (offered or not) with capacity, occupancy and T_k; and the offered ones."""
+    """The chains table and the chains offered now.
+
+    Fixed chains (JFFC): every composed chain, offered or not, with its occupancy. Routes per request (WS-RR): what
+    /chains lists, one row per server of the placement with its cache slots M~_j in use; no fixed chain is offered.
+    """
     snap = orch.leases.snapshot()
+    if routes_per_request(orch):  # a route's time is known per request only
+        return [{**_chain_row(c, z, True), "service_time_s": None} for c, z in zip(snap.chains, snap.occupancy)], []
     busy = {id(c): z for c, z in zip(snap.chains, snap.occupancy)}  # offered chains are the composed objects
-    rows, offered = [], []
-    for chain in orch.composed:
-        is_offered = id(chain) in busy
-        if is_offered:
-            offered.append(chain)
-        rows.append({
-            "chain_id": chain.chain_id,
-            "spans": [{"server": s.server, "start": s.start, "end": s.end} for s in chain.spans],
-            "capacity": chain.capacity,
-            "busy": busy.get(id(chain), 0),
-            "service_time_s": chain.service_time_s,
-            "offered": is_offered,
-        })
-    return rows, offered
+    rows = [_chain_row(c, busy.get(id(c), 0), id(c) in busy) for c in orch.composed]
+    return rows, [c for c in orch.composed if id(c) in busy]
 
 
 def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
@@ -120,6 +131,9 @@ def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
     lam = orch.registry.arrival_rate
     comp = orch.registry.composition
     cnt = orch.leases.counters
+    offered_bounds = bounds_json(offered, lam)
+    if routes_per_request(orch):
+        offered_bounds["why"] = "routes per request (WS-RR): Theorem 3.7 bounds JFFC over fixed chains"
     return {
         "version": orch.registry.version,
         "uptime_s": now - orch.started_s,
@@ -127,6 +141,7 @@ def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
         "c": comp.c if comp is not None else None,
         "composition_error": orch.registry.error,
         "arrival_rate_per_s": lam,
+        "routing": "ws-rr" if routes_per_request(orch) else "jffc",
         "target_load": orch.registry.target_load,
         "states": list(SERVER_STATES),
         "servers": _servers(orch),
@@ -152,7 +167,7 @@ def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
                      "expired": cnt.expired, "failed": cnt.failed, "timed_out": cnt.timed_out},
         "bounds": {
             "composed": bounds_json(orch.composed, lam),  # the composition as planned
-            "offered": bounds_json(offered, lam),  # the chains a request can be given now
+            "offered": offered_bounds,  # the chains a request can be given now
         },
     }
 

@@ -182,3 +182,29 @@ def test_recent_leases_refuses_an_unknown_outcome() -> None:
     with pytest.raises(ValueError, match="outcome"):
         ring.add(lease, time.monotonic(), "vanished")
     assert len(ring) == 0
+
+
+def test_dashboard_under_ws_rr_routing_lists_what_chains_lists() -> None:
+    """With routes per request (WS-RR) the chains table is /chains' one row per server with its slots in use, no
+    fixed chain is offered, and the offered bounds say why there are none."""
+    from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+    from tests.orchestrator.test_orchestrator import BASE_CHAINS, hand_composition
+
+    async def body() -> None:
+        orch = make_orchestrator()
+        orch.leases = WsRrLeaseManager(default_ttl_s=60.0, clock=orch.clock)
+        orch.install(hand_composition(orch.registry, BASE_CHAINS))
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            for _ in range(3):
+                await oc.lease(timeout_s=5)
+            d = json.loads((await _get(url, "/dashboard.json"))[1])
+            chains = (await oc.chains())["chains"]
+        assert d["routing"] == "ws-rr"
+        rows = [[c["chain_id"], c["spans"], c["capacity"], c["busy"], c["service_time_s"]] for c in d["chains"]]
+        want = [[c["chain_id"], c["spans"], c["capacity"], c["busy"], None] for c in chains]
+        assert rows == want
+        assert sum(c["busy"] for c in d["chains"]) == 3 * 4  # three routes over all four blocks
+        assert d["bounds"]["offered"]["lower_s"] is None and "WS-RR" in d["bounds"]["offered"]["why"]
+        assert d["bounds"]["composed"]["stable"]
+
+    run(body())
