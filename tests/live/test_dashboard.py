@@ -72,7 +72,7 @@ def _shown(page) -> dict:
 def test_dashboard_in_chromium_shows_the_swarm(smollm2_dir: Path, chromium: str, tmp_path: Path) -> None:  # noqa: F811
     """Three SmolLM2 servers; one lease held and one released over HTTP: the page's block map and chains equal
     /servers and /chains (names, spans, states, capacities, occupancy), the released lease is listed, the bounds are
-    drawn, and the screenshot is written."""
+    drawn, the screenshot is written; releasing the other lease shows up on the page without a reload."""
     from playwright.sync_api import sync_playwright
 
     with LocalSwarm(smollm2_dir, PLANS, log_dir=tmp_path / "logs", model_name="SmolLM2-135M-Instruct", max_length=128,
@@ -120,7 +120,16 @@ def test_dashboard_in_chromium_shows_the_swarm(smollm2_dir: Path, chromium: str,
                 shot = tmp_path / "dashboard.png"
                 page.screenshot(path=str(shot), full_page=True)
                 assert shot.stat().st_size > 20_000
+
+                # It updates itself: the release shows up without a reload.
+                updates = int(page.evaluate("document.body.dataset.updates"))
+                http_json(sw.url + f"/lease/{held['lease_id']}/release", data={})
+                page.wait_for_function(
+                    "() => [...document.querySelectorAll('tr.chain-row')].every(r => r.dataset.busy === '0') && "
+                    "document.querySelectorAll('tr.recent-row').length === 2", timeout=30_000)
+                assert _shown(page)["recent"] == [held["lease_id"], done["lease_id"]]  # newest first
+                assert int(page.evaluate("document.body.dataset.updates")) > updates
+                assert not errors, errors
             finally:
                 browser.close()
-        http_json(sw.url + f"/lease/{held['lease_id']}/release", data={})
     assert all(not group_members(pg) for pg in sw.started_pgids)
