@@ -80,6 +80,8 @@ def _servers(orch: Orchestrator) -> list[dict[str, Any]]:
             "dead_reason": rec.dead_reason or None,
             "peer_id": rec.peer_id,
             "assignment": span_json(a.start, a.end) if a is not None and a.num_blocks > 0 else None,
+            "previous": (span_json(rec.previous_assignment.start, rec.previous_assignment.end)
+                         if rec.previous_assignment is not None and rec.previous_assignment.num_blocks > 0 else None),
             "serving": span_json(*rec.serving) if rec.serving is not None and rec.serving[1] > rec.serving[0]
             else None,
             "memory_bytes": rec.memory_bytes,

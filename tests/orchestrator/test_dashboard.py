@@ -208,3 +208,19 @@ def test_dashboard_under_ws_rr_routing_lists_what_chains_lists() -> None:
         assert d["bounds"]["composed"]["stable"]
 
     run(body())
+
+
+def test_a_dead_server_keeps_the_span_it_had() -> None:
+    """A server that fails is shown dead, with no assignment and the span it held (its lost blocks), and the reason."""
+
+    async def body() -> None:
+        orch = make_orchestrator()
+        async with serving(orch) as url:
+            await orch.server_failed("d", "test: process killed")
+            d = json.loads((await _get(url, "/dashboard.json"))[1])
+        row = next(s for s in d["servers"] if s["name"] == "d")
+        assert (row["state"], row["alive"], row["assignment"]) == ("dead", False, None)
+        assert row["previous"] == {"start": 0, "end": 2} and "process killed" in row["dead_reason"]
+        assert all("d" not in [h["server"] for h in c["spans"]] for c in d["chains"])
+
+    run(body())
