@@ -6,10 +6,10 @@ models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a 
 misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
 (:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
 
-Routes (JSON unless noted; with a token, all but /health and /ready need ``Authorization: Bearer T``):
+Routes (JSON unless noted; with a token, all but /health, /ready and /dashboard need ``Authorization: Bearer T``):
 GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 200 once at least one chain is offered,
 503 until then, for a load balancer or Kubernetes) · GET /metrics (Prometheus text) · GET /chains · GET /queue ·
-GET /servers ·
+GET /servers · GET /dashboard (the live page, HTML; open: it holds no data) · GET /dashboard.json (what it draws) ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} ·
@@ -33,7 +33,7 @@ from prometheus_client.exposition import choose_encoder
 
 from petals_chain import defaults
 from petals_chain.model import SpecError
-from petals_chain.orchestrator import bodies
+from petals_chain.orchestrator import bodies, dashboard
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
@@ -94,7 +94,8 @@ def _error_middleware(orch: Orchestrator) -> Callable:
     return middleware
 
 
-OPEN_PATHS = frozenset({"/health", "/ready"})  # probes of orchestration tools, which carry no credentials
+# Probes of orchestration tools, which carry no credentials, and the live page's HTML (its data needs the token).
+OPEN_PATHS = frozenset({"/health", "/ready", dashboard.PAGE_PATH})
 
 
 def _auth_middleware(token: str | None) -> Callable:
@@ -264,6 +265,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)
     app.router.add_post("/lease/{lease_id}/report-failure", _report_failure)
+    dashboard.add_routes(app, ORCH_KEY)
 
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""

@@ -28,6 +28,7 @@ from petals_chain.dispatch.base import Start
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.recent import RecentLeases
 
 # Histogram bucket upper bounds (seconds) for waiting and lease-held times.
 TIME_BUCKETS_S: tuple[float, ...] = (
@@ -153,6 +154,7 @@ class LeaseManager:
         self.counters = LeaseCounters()
         self.wait_hist = TimeHistogram()
         self.service_hist = TimeHistogram()
+        self.recent = RecentLeases()  # the last leases that ended, one by one, for the live page
         self._policy: JFFC | None = None
         self._chains: list[ChainInfo] = []
         self._version = 0
@@ -330,6 +332,7 @@ class LeaseManager:
             self.counters.failed += 1
         else:
             self.counters.released += 1
+        self.recent.add(lease, self.clock(), "failed" if failed else "released")
         self._end(lease, record=True)
         return lease
 
@@ -350,6 +353,7 @@ class LeaseManager:
         due = [x for x in self._leases.values() if x.expires_s <= now]
         for lease in due:
             self.counters.expired += 1
+            self.recent.add(lease, now, "expired")
             self._end(lease, record=True)
         return due
 
