@@ -82,36 +82,49 @@ def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: in
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=p.lr_decay_every, gamma=p.lr_decay)
     gamma_t, delta_t, s_current = p.gamma0, p.delta0, p.s_target
     k0_hist, rl_hist, curve = [], [], []
-    for ep in tqdm(range(episodes), desc=f"PPO {scenarios[0].regions.name}", unit="ep", disable=not progress):
-        env = envs[ep % len(envs)]
-        roll = _rollout(env, policy, gen)
-        with torch.no_grad():
-            values = value(torch.as_tensor(roll["obs"])).numpy()
-        adv, ret = gae(roll["reward"], values, p.gamma, p.gae)
+    per = p.rollouts_per_update
+    bar = tqdm(total=episodes, desc=f"PPO {scenarios[0].regions.name}", unit="ep", disable=not progress)
+    ep = 0
+    while ep < episodes:
+        # ``per`` episodes with the same policy, then one update over all their steps (on-policy PPO batch)
+        rolls, parts = [], []
+        for _ in range(min(per, episodes - ep)):
+            env = envs[(ep + len(rolls)) % len(envs)]
+            roll = _rollout(env, policy, gen)
+            with torch.no_grad():
+                values = value(torch.as_tensor(roll["obs"])).numpy()
+            adv, ret = gae(roll["reward"], values, p.gamma, p.gae)
+            rolls.append(roll)
+            parts.append((adv, ret))
+        adv = np.concatenate([a for a, _ in parts])
+        ret = np.concatenate([r for _, r in parts])
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        batch = {"obs": torch.as_tensor(roll["obs"]), "prob": torch.as_tensor(roll["prob"]),
-                 "anchor": torch.as_tensor(roll["anchor"]),
-                 "x": torch.as_tensor(roll["x"]), "logp": torch.as_tensor(roll["logp"]),
-                 "adv": torch.as_tensor(adv, dtype=torch.float32), "ret": torch.as_tensor(ret, dtype=torch.float32)}
+        batch = {k: torch.as_tensor(np.concatenate([r[k] for r in rolls])) for k in ("obs", "prob", "anchor", "x",
+                                                                                  "logp")}
+        batch |= {"adv": torch.as_tensor(adv, dtype=torch.float32), "ret": torch.as_tensor(ret, dtype=torch.float32)}
         stats = ppo_update(policy, value, opt, batch, p, gamma_t, delta_t, s_current, use_ot, gen)
         sched.step()
-        k0_hist.append(float(roll["prob_switch"][1:].mean()))
-        rl_hist.append(float(roll["switch"][1:].mean()))
-        if (ep + 1) % p.s_update_every == 0:
-            k0 = float(np.mean(k0_hist[-p.s_update_every:]))
-            s_current = k0 / max(float(np.mean(rl_hist[-p.s_update_every:])), 1e-9)
-            gap = float(roll["dist"].mean())
-            lr_ok = (1 - 1 / max(s_current, 1e-9)) / p.eps_target > 0  # L_R, L_P finite-difference bound (⚑)
-            gamma_t, delta_t = schedule(gamma_t, delta_t, gap, s_current, lr_ok, p)
-        curve.append({"episode": ep, "mean_reward": float(roll["reward"].mean()),
-                      "ot_distance": float(roll["dist"].mean()), "switching": float(roll["switch"][1:].mean()),
-                      "k0": k0_hist[-1], "s_current": s_current, "gamma_t": gamma_t, "delta_t": delta_t,
-                      "loss": stats["loss"], "lr": float(sched.get_last_lr()[0])})
-        if checkpoint_dir is not None and ((ep + 1) % checkpoint_every == 0 or ep + 1 == episodes):
-            checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "episode": ep + 1,
-                        "regions": n_r, "anchored": use_ot, "hidden": list(p.policy_hidden)},
-                       checkpoint_dir / f"{scenarios[0].regions.name}-ep{ep + 1}.pt")
+        for roll in rolls:
+            k0_hist.append(float(roll["prob_switch"][1:].mean()))
+            rl_hist.append(float(roll["switch"][1:].mean()))
+            if (ep + 1) % p.s_update_every == 0:
+                k0 = float(np.mean(k0_hist[-p.s_update_every:]))
+                s_current = k0 / max(float(np.mean(rl_hist[-p.s_update_every:])), 1e-9)
+                gap = float(roll["dist"].mean())
+                lr_ok = (1 - 1 / max(s_current, 1e-9)) / p.eps_target > 0  # L_R, L_P finite-difference bound (⚑)
+                gamma_t, delta_t = schedule(gamma_t, delta_t, gap, s_current, lr_ok, p)
+            curve.append({"episode": ep, "mean_reward": float(roll["reward"].mean()),
+                          "ot_distance": float(roll["dist"].mean()), "switching": float(roll["switch"][1:].mean()),
+                          "k0": k0_hist[-1], "s_current": s_current, "gamma_t": gamma_t, "delta_t": delta_t,
+                          "loss": stats["loss"], "lr": float(sched.get_last_lr()[0])})
+            ep += 1
+            bar.update()
+            if checkpoint_dir is not None and (ep % checkpoint_every == 0 or ep == episodes):
+                checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                torch.save({"policy": policy.state_dict(), "value": value.state_dict(), "episode": ep,
+                            "regions": n_r, "anchored": use_ot, "hidden": list(p.policy_hidden)},
+                           checkpoint_dir / f"{scenarios[0].regions.name}-ep{ep}.pt")
+    bar.close()
     return TrainResult(policy, curve)
 
 

@@ -11,7 +11,7 @@ from petals_chain.torta.episode import make_scenario
 from petals_chain.torta.params import DEFAULT
 from petals_chain.torta.train import deterministic_distance, train
 
-TINY = DEFAULT.with_(policy_hidden=(32, 32), epochs=4, surge_factor=1.0, anchor_mix=1.0, lr=3e-3)
+TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3)
 
 
 def smooth_forecast(counts: np.ndarray, t: int) -> np.ndarray:
@@ -29,11 +29,32 @@ def test_fluid_env_passes_gymnasium_checks():
 
 
 def test_ppo_improves_and_stays_near_the_ot_plan():
+    """The spec's bar: mean reward of the last 10 episodes at least 20 % above (less negative than) the first 10 %,
+    and the deterministic policy ends within ε = 0.15 of the OT plan (mean Frobenius distance)."""
     torch.set_num_threads(1)
     sc = make_scenario("abilene", TINY, 1, slots=24)
-    res = train([sc], smooth_forecast, 40, seed=1, progress=False)
+    episodes = 60
+    res = train([sc], smooth_forecast, episodes, seed=1, progress=False)
     rewards = np.array([r["mean_reward"] for r in res.curve])
-    first, last = rewards[:4].mean(), rewards[-10:].mean()
-    assert last > first  # less negative
+    first, last = rewards[:episodes // 10].mean(), rewards[-10:].mean()
+    assert (last - first) / abs(first) >= 0.20, (first, last)
     dist, _, _ = deterministic_distance(FluidMacroEnv(sc, smooth_forecast), res.policy)
     assert dist <= TINY.eps_target
+
+
+def test_switching_target_contradicts_the_distance_target_on_this_scenario():
+    """A finding, kept as a test: the spec also asks the final policy to switch at most K0/2.5, K0 the OT plan's own
+    mean switching. A policy within ε of Prob_t at every slot switches at least (‖ΔProb_t‖ − 2ε)² (triangle
+    inequality), and on this scenario the mean of that bound already exceeds K0/2.5: both cannot hold together."""
+    sc = make_scenario("abilene", TINY, 1, slots=24)
+    env = FluidMacroEnv(sc, smooth_forecast)
+    env.reset()
+    probs, done = [env.prob.copy()], False
+    while not done:
+        _, _, done, _, _ = env.step(env.prob)  # follow the plan exactly
+        if not done:
+            probs.append(env.prob.copy())
+    jumps = np.array([np.linalg.norm(b - a) for a, b in zip(probs, probs[1:])])
+    k0 = float(np.mean(jumps ** 2))
+    least = float(np.mean(np.maximum(0.0, jumps - 2 * TINY.eps_target) ** 2))
+    assert least > k0 / TINY.s_target, (least, k0)
