@@ -21,7 +21,7 @@ from petals_chain.torta.train import plot_curve
 
 TOPOLOGIES = ("abilene", "polska", "gabriel25", "cost266")
 PAPER_NAME = {"abilene": "Abilene", "polska": "Polska", "gabriel25": "Gabriel", "cost266": "Cost2"}
-ORDER = ("TORTA", "SkyLB", "SDIB", "RR", "OT-only", "RL-no-OT")
+ORDER = ("TORTA", "SkyLB", "SDIB", "RR", "OT-only", "OT-unbalanced", "RL-no-OT")
 # Figs 8, 9, 10 of the paper: (TORTA, SkyLB, SDIB, RR)
 PAPER = {
     "mean_response_s": {"abilene": (16.39, 18.72, 19.66, 21.50), "cost266": (19.31, 21.58, 22.51, 24.39),

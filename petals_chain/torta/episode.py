@@ -20,7 +20,8 @@ from petals_chain.torta.topology import load_regions
 from petals_chain.torta.transport import cost_matrix, ot_plan, row_normalise
 from petals_chain.torta.workload import make_tasks
 
-MACRO_METHODS = ("TORTA", "OT-only", "RL-no-OT")
+# OT-unbalanced: the OT-only ablation with the relaxed-capacity plan (the price term can move mass; docs/torta.md)
+MACRO_METHODS = ("TORTA", "OT-only", "OT-unbalanced", "RL-no-OT")
 BASELINES = {"SkyLB": baselines.skylb, "SDIB": baselines.sdib, "RR": baselines.round_robin}
 METHODS = MACRO_METHODS + tuple(BASELINES)
 DRAIN_SLOTS = 48
@@ -109,6 +110,8 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
             prob = macro_plan(f, c.cap_region, queue, cost, p)
             if method == "OT-only":
                 a_t = prob
+            elif method == "OT-unbalanced":
+                a_t = macro_plan(f, c.cap_region, queue, cost, p.with_(ot_mode="unbalanced"))
             else:
                 on = np.isfinite(c.ready_at)
                 ureg = np.bincount(c.region, weights=util_prev, minlength=n_r) / np.maximum(

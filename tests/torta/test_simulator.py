@@ -46,7 +46,7 @@ def _max_concurrency(c: Cluster) -> int:
     return worst
 
 
-@pytest.mark.parametrize("method", ["OT-only", "SkyLB", "SDIB", "RR"])
+@pytest.mark.parametrize("method", ["OT-only", "OT-unbalanced", "SkyLB", "SDIB", "RR"])
 def test_capacity_never_exceeded_and_overload_buffers(heavy, method):
     res = run_episode(heavy, method, oracle_forecast)
     c = res.cluster
