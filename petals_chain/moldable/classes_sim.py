@@ -21,7 +21,7 @@ from petals_chain.moldable import kernel as K
 from petals_chain.moldable.optimal import JobClass, water_fill
 from petals_chain.moldable.sim import SAMPLE_PATH_TOL, InvariantError
 from petals_chain.moldable.speedup import SpeedUp
-from petals_chain.sim.kernels import njit
+from petals_chain.sim.kernels import _heap_pop, _heap_push, njit
 
 SCHEMES = ("partition", "shared", "greedy")
 # per-class columns of the kernel's ``out`` array
@@ -37,10 +37,13 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
     for q in range(pool_n.shape[0]):
         n_total += pool_n[q]
     cap = n_total + 1
+    # the departure heap of the chain simulator (sim/kernels.py): time, then (slot, servers, class) per job; a
+    # job's slot (free-listed, at most n jobs in system) keys its start time and breaks ties in the heap
     ht = np.empty(cap)
-    hd = np.empty(cap)
-    hk = np.empty(cap, np.int64)
-    hc = np.empty(cap, np.int64)
+    hp = np.empty((cap, 3), np.int64)
+    start = np.empty(cap)
+    free = np.arange(cap - 1, -1, -1)
+    nfree = cap
     busy = np.zeros(pool_n.shape[0], np.int64)
     cnt = np.zeros(area.shape, np.int64)
     size = 0
@@ -57,28 +60,14 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
                 for i in range(dims[j]):
                     area[j, i] += cnt[j, i] * dt
             t_prev = td
-            j0 = hc[0]
-            k0 = hk[0]
+            slot, k0, j0 = hp[0, 0], hp[0, 1], hp[0, 2]
             cnt[j0, k0 - 1] -= 1
             busy[pool_of[j0]] -= k0
             out[j0, C_DONE] += 1
-            out[j0, C_DONED] += hd[0]
-            size -= 1
-            if size > 0:
-                lt, ld, lk, lc = ht[size], hd[size], hk[size], hc[size]
-                pos = 0
-                while True:
-                    c = 2 * pos + 1
-                    if c >= size:
-                        break
-                    if c + 1 < size and ht[c + 1] < ht[c]:
-                        c += 1
-                    if ht[c] < lt:
-                        ht[pos], hd[pos], hk[pos], hc[pos] = ht[c], hd[c], hk[c], hc[c]
-                        pos = c
-                    else:
-                        break
-                ht[pos], hd[pos], hk[pos], hc[pos] = lt, ld, lk, lc
+            out[j0, C_DONED] += td - start[slot]
+            free[nfree] = slot
+            nfree += 1
+            size = _heap_pop(ht, hp, size)
         dt = t - t_prev
         for j in range(n_cls):
             for i in range(dims[j]):
@@ -113,18 +102,12 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
         busy[q] += k
         if busy[q] > pool_n[q]:
             overflow[0] += 1
-        pos = size
-        size += 1
-        tdep = t + dur
-        while pos > 0:
-            parent = (pos - 1) >> 1
-            if ht[parent] <= tdep:
-                break
-            ht[pos], hd[pos], hk[pos], hc[pos] = ht[parent], hd[parent], hk[parent], hc[parent]
-            pos = parent
-        ht[pos], hd[pos], hk[pos], hc[pos] = tdep, dur, k, j
+        nfree -= 1
+        slot = free[nfree]
+        start[slot] = t
+        size = _heap_push(ht, hp, size, t + dur, slot, k, j)
     for e in range(size):
-        out[hc[e], C_REMD] += t - (ht[e] - hd[e])
+        out[hp[e, 2], C_REMD] += t - start[hp[e, 0]]
     return t
 
 
