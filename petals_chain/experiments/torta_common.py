@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import mean_ci, write_csv
+from petals_chain.experiments.common import code_digest, mean_ci, write_csv
 from petals_chain.sim.montecarlo import run_replications
 from petals_chain.torta.compare import Setup, evaluate, prepare
 from petals_chain.torta.params import DEFAULT, TortaParams
@@ -78,10 +78,12 @@ def setup_for(topology: str, args: Any, rs: RunSettings) -> Setup:
 
 
 def comparison_rows(args: Any) -> list[dict[str, Any]]:
-    """Every method × topology × seed (cached in results/torta-runs[-quick].csv for this --seed)."""
+    """Every method × topology × seed (cached in results/torta-runs[-quick].csv for this --seed and this very code:
+    each row carries the package's code digest, so changed code never reuses stale rows)."""
     path = args.out / f"torta-runs{'-quick' if args.quick else ''}.csv"
+    digest = code_digest()
     cached = read_rows(path)
-    if cached and all(int(r["base_seed"]) == args.seed for r in cached):
+    if cached and all(int(r["base_seed"]) == args.seed and r.get("code_digest") == digest for r in cached):
         return cached
     rs = settings(args)
     rows: list[dict[str, Any]] = []
@@ -89,7 +91,7 @@ def comparison_rows(args: Any) -> list[dict[str, Any]]:
         st = setup_for(topo, args, rs)
         out = run_replications(EvalTask(st), rs.seeds, args.seed, workers=rs.workers, desc=f"eval {topo}")
         for rep in out:
-            rows += [{**r, "base_seed": args.seed} for r in rep["rows"]]
+            rows += [{**r, "base_seed": args.seed, "code_digest": digest} for r in rep["rows"]]
     write_csv(path, rows)
     return read_rows(path)
 
@@ -102,7 +104,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         rows = list(csv.DictReader(fh))
     for r in rows:
         for k, v in r.items():
-            if k not in ("topology", "method"):
+            if k not in ("topology", "method", "code_digest"):
                 r[k] = float(v)
     return rows
 
