@@ -71,7 +71,7 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", action="store_true", help="also measure live migration downtimes (SmolLM2 swarm)")
     ap.add_argument("--live-only", action="store_true", help="only the live part")
     ap.add_argument("--lengths", default="128,512,1024,2048", help="session lengths for --live (tokens)")
-    ap.add_argument("--cap-mbit", type=float, default=100.0, help="bandwidth cap of the capped --live run, Mbit/s "
+    ap.add_argument("--cap-mbit", type=float, default=10.0, help="bandwidth cap of the capped --live run, Mbit/s "
                     "(0: no capped run)")
     args = ap.parse_args(argv)
     if args.live or args.live_only:

@@ -2,7 +2,8 @@
 token replay, at several session lengths, with and without a bandwidth cap (docs/mell.md, "Live KV transfer").
 
 One session grows through the lengths (prompt tokens fed in chunks, then a few greedy tokens); at each length it
-moves from the one-server chain to the two-server chain by KV transfer and back by token replay. Downtime is the
+moves from the one-server chain to the two-server chain by KV transfer and back by token replay (after one
+unreported KV migration each way that opens the connections between the peers). Downtime is the
 extra inter-token gap: the gap that spans the migration minus the median gap of the steps around it. The cap is
 ``tc tbf`` on the loopback of a network namespace that the whole swarm runs in (``netem`` is not available here),
 so it slows every byte of the swarm, the client's included. Needs root for the namespace.
@@ -151,7 +152,7 @@ def measure(lengths: tuple[int, ...], link: str, log_dir: Path, seed: int = 0,
     import petals
 
     from petals_chain.checkpoint.sizing import block_sizes
-    from petals_chain.client.kv_migrate import cache_tokens_left, open_route
+    from petals_chain.client.kv_migrate import cache_tokens_left, migrate, open_route
     from petals_chain.loopback.swarm import LocalSwarm
 
     if not (model_dir / "model.safetensors").is_file():
@@ -174,7 +175,9 @@ def measure(lengths: tuple[int, ...], link: str, log_dir: Path, seed: int = 0,
             with model.transformer.h.inference_session(max_length=MAX_LENGTH) as sess:
                 open_route(sess, one)
                 g = _Greedy(model, sess)
-                tok = None
+                tok = g.feed(ids[:GEN_TOKENS])
+                for dst in (many, one):  # warm-up, not reported: the first connections between these peers
+                    migrate(sess, dst, "kv")
                 for nominal in sorted(lengths):
                     target = min(nominal, MAX_LENGTH - room)
                     chunk = ids[sess.position: max(sess.position + 1, target - GEN_TOKENS)]

@@ -8,13 +8,15 @@ adaptive division picks from the measured bandwidth and prefill rate. ``--quick`
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from petals_chain.bench import mell_live
 from petals_chain.experiments.common import Summary, plt, read_csv, replotting, write_csv
 
-CAP_MBIT = 100.0
+REPLOT = True  # --replot redraws the PNG and section from results/mell_downtime.csv
+CAP_MBIT = 10.0  # near where token replay on these CPU servers starts to beat KV transfer (SmolLM2 fp32)
 QUICK_LENGTHS = (128, 512)
 
 
@@ -52,7 +54,8 @@ def run(args) -> Summary:
         rows = read_csv(csv_path)
     else:
         lengths = QUICK_LENGTHS if args.quick else mell_live.LENGTHS
-        log_dir = out / ".mell-downtime-logs"
+        log_dir = Path(tempfile.mkdtemp(prefix="mell-downtime-"))  # the swarm's logs, kept for a look afterwards
+        print(f"swarm logs: {log_dir}")
         found = mell_live.measure(lengths, "loopback", log_dir / "loopback", args.seed)
         if os.geteuid() == 0:
             found += mell_live.measure_capped(lengths, CAP_MBIT, log_dir / "capped", args.seed)

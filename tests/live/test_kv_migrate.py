@@ -137,3 +137,31 @@ def test_migration_failing_midway_leaves_the_session_on_its_old_chain(kv_swarm: 
         with pytest.raises(ValueError, match="mode"):
             migrate(sess, [hops["whole"]], "teleport")
     assert tokens == reference(PROMPT, 2 * STEP_TOKENS)
+
+
+def test_leased_session_moves_to_the_other_chain_and_holds_its_lease(kv_swarm: LocalSwarm, tiny_dir: Path,
+                                                                     reference) -> None:
+    """An orchestrated (leased) session on the one-server chain takes a lease on the other chain, moves there by KV
+    transfer and holds that lease: the orchestrator sees the first chain free and the second busy; the tokens stay
+    exact, and closing the session frees every slot."""
+    from petals_chain import AutoDistributedModelForCausalLM
+    from petals_chain.client.kv_migrate import migrate_leased
+
+    model = AutoDistributedModelForCausalLM.from_pretrained(str(tiny_dir), orchestrator=kv_swarm.url,
+                                                           lease_timeout_s=60.0, lease_ttl_s=20.0)
+    try:
+        with model.inference_session(max_length=64) as sess:
+            tokens = _generate(model, sess, PROMPT, STEP_TOKENS)
+            first = sess.lease.chain_id
+            other = model.orchestrator.run(lambda c: c.lease(timeout_s=30.0, ttl_s=20.0), timeout_s=60.0)
+            assert other.chain_id != first
+            rec = migrate_leased(sess, other, "kv")
+            assert rec.position == len(PROMPT) + STEP_TOKENS - 1
+            assert sess.lease.lease_id == other.lease_id
+            busy = {c["chain_id"]: c["busy"] for c in kv_swarm.get("/chains")["chains"]}
+            assert busy[first] == 0 and busy[other.chain_id] == 1, busy
+            tokens += _generate(model, sess, None, STEP_TOKENS)
+        assert tokens == reference(PROMPT, 2 * STEP_TOKENS)
+        assert _wait_for(lambda: test_swarm._full_capacity(kv_swarm), 10, "every slot free again")
+    finally:
+        model.orchestrator.close()
