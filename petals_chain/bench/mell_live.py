@@ -29,6 +29,7 @@ from petals_chain.experiments.common import REPO
 MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
 MAX_LENGTH = 2048  # SmolLM2's context: prompt + generated tokens must fit
 LENGTHS = (128, 512, 1024, 2048)
+STEP_TIMEOUT_S = 900.0
 GEN_TOKENS = 3  # greedy tokens before and after each migration (the gaps around it)
 
 
@@ -69,8 +70,11 @@ def server_plans(sizes: Any) -> list[Any]:
     whole = n * (sizes.block_bytes + sizes.cache_bytes) * 1.001
     first = half * (sizes.block_bytes + sizes.cache_bytes) * 1.001
     second = (n - half) * (sizes.block_bytes + sizes.cache_bytes) * 1.001
-    return [ServerPlan("whole", f"{whole:.0f}"), ServerPlan("first", f"{first:.0f}"),
-            ServerPlan("second", f"{second:.0f}")]
+    # Announced per-block times (not measured, nothing is slowed down) that make GBP-CR place the whole-model server
+    # first whatever the round trips measured on a busy machine: chains [whole] and [first, second].
+    return [ServerPlan("whole", f"{whole:.0f}", ("--tau-p", "20ms")),
+            ServerPlan("first", f"{first:.0f}", ("--tau-p", "60ms")),
+            ServerPlan("second", f"{second:.0f}", ("--tau-p", "60ms"))]
 
 
 def _chains(sw: Any) -> tuple[list[Any], list[Any]]:
@@ -164,8 +168,11 @@ def measure(lengths: tuple[int, ...], link: str, log_dir: Path, seed: int = 0,
         sw.start(timeout_s=600)
         one, many = _chains(sw)
         dht = sw.get("/health")["dht"]
+        # Long prefills on busy CPU servers: no step timeout, and no silent petals retry that would re-route the
+        # session (a failure must show).
         model = petals.AutoDistributedModelForCausalLM.from_pretrained(
-            str(model_dir), initial_peers=dht["initial_peers"], dht_prefix=dht["dht_prefix"])
+            str(model_dir), initial_peers=dht["initial_peers"], dht_prefix=dht["dht_prefix"],
+            inference_step_timeout=STEP_TIMEOUT_S, request_timeout=STEP_TIMEOUT_S, max_retries=1)
         manager = model.transformer.h.sequence_manager
         try:
             baseline = {h.peer_id: cache_tokens_left(manager, h.peer_id) for h in one + many}

@@ -13,6 +13,7 @@ docs/mell.md, "Live KV transfer", describes the protocol and what we measured.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from petals.utils.packaging import pack_args_kwargs
 from petals_chain.server.kv_handler import KV_IMPORT_KEY, block_index
 
 MODES = ("kv", "replay")
+log = logging.getLogger(__name__)
 
 
 class MigrationError(RuntimeError):
@@ -80,6 +82,19 @@ def route_spans(session: InferenceSession, hops: Sequence[Hop]) -> list[RemoteSp
     if pos != off + n:
         raise ValueError(f"hops must cover blocks {off}:{off + n}; they end at {pos}")
     return spans
+
+
+def _close(sessions: Sequence[_ServerInferenceSession]) -> None:
+    """Close server sessions, and mark each closed even when closing raised: petals would otherwise close it again
+    from ``__del__``, which deadlocks the client when the collector runs it on hivemind's event-loop thread."""
+    for s in reversed(sessions):
+        try:
+            s.close()
+        except Exception as exc:  # the server may have ended the stream already
+            log.debug("closing the session on %s failed: %r", s.span.peer_id, exc)
+        finally:
+            s._outputs_stream = s._inputs_queue = None
+            s.closed = True
 
 
 def _link(sessions: list[_ServerInferenceSession]) -> None:
@@ -140,7 +155,7 @@ def _open_imported(session: InferenceSession, span: RemoteSpanInfo, old: list[_S
         if shape != (batch, position, 0):
             raise MigrationError(f"{span.peer_id} answered the cache import with shape {shape}")
     except BaseException:
-        new.close()
+        _close([new])
         raise
     new._position = position
     start = next((o for o in old if o.span.start == span.start and o.history is not None), None)
@@ -184,14 +199,14 @@ def migrate(session: InferenceSession, hops: Sequence[Hop], mode: str = "kv") ->
             new = session._enter_server_sessions(spans)
             _replay(session, new, inputs)
     except BaseException as exc:
-        session._exit_server_sessions(new)
+        _close(new)
         if isinstance(exc, MigrationError):
             raise
         raise MigrationError(f"{mode} migration at position {position} failed ({type(exc).__name__}: {exc}); "
                              "the session stays on its old chain") from exc
     _link(new)
     session._server_sessions = new
-    session._exit_server_sessions(old)
+    _close(old)
     return Migration(mode, position, time.perf_counter() - t0, before, hops_of(session))
 
 
