@@ -58,13 +58,18 @@ def _hops(sw: LocalSwarm) -> dict[str, object]:
     "second" (2:4), whichever of s2 and s3 got which half."""
     from petals_chain.client.kv_migrate import Hop
 
-    found = []
-    for r in sw.get("/servers")["servers"]:
-        a = r["assignment"]
-        if a and a["num_blocks"] > 0:
-            found.append(Hop(r["peer_id"], a["start"], a["end"], r["name"]))
-    found.sort(key=lambda h: (h.start, -h.end))
-    assert [(h.start, h.end) for h in found] == [(0, 4), (0, 2), (2, 4)], found
+    def served() -> list | None:
+        """The three hops once every server serves its assignment of the expected composition, else None."""
+        found = []
+        for r in sw.get("/servers")["servers"]:
+            a = r["assignment"]
+            if r["alive"] and a and a["num_blocks"] > 0 and r["serving"] == {"start": a["start"], "end": a["end"]}:
+                found.append(Hop(r["peer_id"], a["start"], a["end"], r["name"]))
+        found.sort(key=lambda h: (h.start, -h.end))
+        return found if [(h.start, h.end) for h in found] == [(0, 4), (0, 2), (2, 4)] else None
+
+    # a busy machine may miss a heartbeat and recompose for a while: wait for the composition to come back
+    found = _wait_for(served, 120, "the composition [0:4] + [0:2, 2:4]", period_s=0.5)
     return dict(zip(("whole", "first", "second"), found))
 
 
