@@ -111,8 +111,9 @@ def _live(lengths: tuple[int, ...], cap_mbit: float, seed: int) -> int:
     print(mell_live.table(rows))
     print("\nAdaptive division (hybrid_divide, one move) against the faster measured mode")
     for c in mell_live.division_check(rows):
-        print(f"  {c['link']:>16} {c['tokens']:>5} tokens: faster {c['faster']:>5}; first fit {c['first_fit']:>5}, "
-              f"best fit {c['best_fit']:>5}  ({c['bandwidth_MBps']:.1f} MB/s, {c['prefill_tok_s']:.0f} tok/s)")
+        print(f"  {c['link']:>16} {c['tokens']:>5} tokens: faster {c['faster']:>5}; first/best fit "
+              f"{c['first_fit']}/{c['best_fit']} (simulator's epoch), {c['first_fit_both']}/{c['best_fit_both']} "
+              f"(both fit)  ({c['bandwidth_MBps']:.1f} MB/s, {c['prefill_tok_s']:.0f} tok/s)")
     return 0
 
 

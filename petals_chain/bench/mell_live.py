@@ -241,10 +241,17 @@ def measure_capped(lengths: tuple[int, ...], cap_mbit: float, log_dir: Path, see
 def division_check(rows: list[DowntimeRow], transfer_limit_s: float = 2.0,
                    prefill_limit_s: float = 0.5) -> list[dict[str, Any]]:
     """Per link and length: the mode that was faster, and the mode ``hybrid_divide`` picks for that one move with
-    budgets from this link's measured bandwidth and prefill rate (the largest session's transfer and replay),
-    epoch limits as in the simulator (docs/mell.md, "Simulator")."""
+    budgets from this link's measured bandwidth and prefill rate (the largest session's transfer and replay):
+    once with the simulator's epoch limits (docs/mell.md, "Simulator"), once with an epoch long enough for both
+    modes of that move (so the rule, not the budget, decides)."""
     from petals_chain.mell.hybrid import Budgets, hybrid_divide, machine_path
     from petals_chain.mell.state import Move
+
+    def picks(move: list[Move], per_token: int, link_bytes: float, prefill_tokens: int) -> dict[str, str]:
+        """The first-fit and best-fit pick for one move under these budgets."""
+        budgets = Budgets({}, {}, default_link_bytes=link_bytes, default_prefill_tokens=prefill_tokens)
+        return {rule: hybrid_divide(move, per_token, budgets, machine_path(1), rule).modes[0].value
+                for rule in ("first", "best")}
 
     out = []
     for link in sorted({r.link for r in rows}):
@@ -255,16 +262,16 @@ def division_check(rows: list[DowntimeRow], transfer_limit_s: float = 2.0,
         bw = kv[big].kv_bytes / kv[big].migrate_s
         rate = rp[big].position / rp[big].migrate_s
         per_token = kv[big].kv_bytes // kv[big].position
-        budgets = Budgets({}, {}, default_link_bytes=bw * transfer_limit_s,
-                          default_prefill_tokens=int(rate * prefill_limit_s))
         for n in sorted(kv):
             faster = "kv" if kv[n].downtime_s <= rp[n].downtime_s else "token"
             move = [Move(0, 0, 1, kv[n].position)]
-            picks = {rule: hybrid_divide(move, per_token, budgets, machine_path(1), rule).modes[0].value
-                     for rule in ("first", "best")}
+            sim = picks(move, per_token, bw * transfer_limit_s, int(rate * prefill_limit_s))
+            epoch = 1.01 * max(kv[n].position * per_token / bw, kv[n].position / rate)
+            both = picks(move, per_token, bw * epoch, int(rate * epoch))
             out.append({"link": link, "tokens": n, "bandwidth_MBps": bw / 1e6, "prefill_tok_s": rate,
                         "kv_downtime_s": kv[n].downtime_s, "replay_downtime_s": rp[n].downtime_s, "faster": faster,
-                        "first_fit": picks["first"], "best_fit": picks["best"]})
+                        "first_fit": sim["first"], "best_fit": sim["best"], "first_fit_both": both["first"],
+                        "best_fit_both": both["best"]})
     return out
 
 

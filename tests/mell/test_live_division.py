@@ -32,6 +32,8 @@ def test_division_check_compares_the_picks_with_the_faster_mode() -> None:
     assert checks[128]["best_fit"] == "token"
     # 2048 tokens: replay does not fit the prefill budget; KV fits the link budget
     assert checks[2048]["best_fit"] == "kv"
+    # an epoch long enough for both: first fit still tries KV first, best fit takes the slower mode (replay)
+    assert checks[2048]["first_fit_both"] == "kv" and checks[2048]["best_fit_both"] == "token"
 
 
 def test_division_check_on_a_slow_link_prefers_replay_when_kv_does_not_fit() -> None:
@@ -41,6 +43,7 @@ def test_division_check_on_a_slow_link_prefers_replay_when_kv_does_not_fit() -> 
     checks = {c["tokens"]: c for c in division_check(rows)}
     assert checks[2048]["faster"] == "token"
     assert checks[2048]["first_fit"] == checks[2048]["best_fit"] == "token"
+    assert checks[2048]["first_fit_both"] == "kv" and checks[2048]["best_fit_both"] == "kv"  # KV: the slower one
 
 
 def test_kv_bytes_per_token_from_the_config() -> None:
