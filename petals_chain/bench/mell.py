@@ -4,6 +4,10 @@ Builds a live cluster of N requests (ShareGPT ×10 sizes, LLaMA-2-7B on an RTX 4
 operations, each its own slot (so every decision is a whole Allocate, Depart or Update with its moves):
 arrivals, completions, and growths that cross a class boundary. Also times one full slot in which every
 live request grows by one token, and, for comparison in the same run, best fit's decisions per second.
+
+``--live`` adds the live part (bench/mell_live.py): the downtime of moving a SmolLM2 session between two chains of
+a loopback swarm by KV transfer and by token replay, at 128-2048 tokens, on plain loopback and under a ``tc tbf``
+cap (``--cap-mbit``, needs root), and which mode Mell's adaptive division would pick for each.
 """
 
 from __future__ import annotations
@@ -64,7 +68,57 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1000,100000", help="live requests, comma-separated (default 1000,100000)")
     ap.add_argument("--ops", type=int, default=3000, help="timed single-operation slots per size")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--live", action="store_true", help="also measure live migration downtimes (SmolLM2 swarm)")
+    ap.add_argument("--live-only", action="store_true", help="only the live part")
+    ap.add_argument("--lengths", default="128,512,1024,2048", help="session lengths for --live (tokens)")
+    ap.add_argument("--cap-mbit", type=float, default=10.0, help="bandwidth cap of the capped --live run, Mbit/s "
+                    "(0: no capped run)")
     args = ap.parse_args(argv)
+    if args.live or args.live_only:
+        try:
+            lengths = tuple(int(x) for x in args.lengths.split(","))
+            if not lengths or any(not 1 <= n <= 2048 for n in lengths) or args.cap_mbit < 0:
+                raise ValueError
+        except ValueError:
+            print(f"error: --lengths must be integers in 1..2048 and --cap-mbit >= 0 (got {args.lengths!r}, "
+                  f"{args.cap_mbit})")
+            return 2
+    if not args.live_only:
+        code = _scheduler(args)
+        if code:
+            return code
+    if args.live or args.live_only:
+        return _live(lengths, args.cap_mbit, args.seed)
+    return 0
+
+
+def _live(lengths: tuple[int, ...], cap_mbit: float, seed: int) -> int:
+    """Measure and print the live downtimes (loopback, then capped) and the division check."""
+    import tempfile
+    from pathlib import Path
+
+    from petals_chain.bench import mell_live
+
+    with tempfile.TemporaryDirectory(prefix="mell-live-") as tmp:
+        try:
+            rows = mell_live.measure(lengths, "loopback", Path(tmp) / "loopback", seed)
+            if cap_mbit > 0:
+                rows += mell_live.measure_capped(lengths, cap_mbit, Path(tmp) / "capped", seed)
+        except mell_live.LiveBenchError as exc:
+            print(f"error: {exc}")
+            return 1
+    print("\nLive migration downtime (SmolLM2-135M, float32, CPU servers)")
+    print(mell_live.table(rows))
+    print("\nAdaptive division (hybrid_divide, one move) against the faster measured mode")
+    for c in mell_live.division_check(rows):
+        print(f"  {c['link']:>16} {c['tokens']:>5} tokens: faster {c['faster']:>5}; first/best fit "
+              f"{c['first_fit']}/{c['best_fit']} (simulator's epoch), {c['first_fit_both']}/{c['best_fit_both']} "
+              f"(both fit)  ({c['bandwidth_MBps']:.1f} MB/s, {c['prefill_tok_s']:.0f} tok/s)")
+    return 0
+
+
+def _scheduler(args) -> int:
+    """The scheduler part: decisions per second at each population size."""
     try:
         sizes = [int(x) for x in args.sizes.split(",")]
         if any(n < 10 for n in sizes) or args.ops < 3:

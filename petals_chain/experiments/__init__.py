@@ -28,6 +28,7 @@ EXPERIMENTS: dict[str, str] = {
     "mell-fig13": "mell_fig13",
     "mell-fig14": "mell_fig14",
     "mell-fig15": "mell_fig15",
+    "mell-downtime": "mell_downtime",  # live: SmolLM2 swarm, KV transfer vs token replay (root for the tbf cap)
     "torta-fig5a": "torta_fig5a",
     "torta-fig8": "torta_fig8",
     "torta-fig9": "torta_fig9",

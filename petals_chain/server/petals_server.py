@@ -5,7 +5,8 @@ points: ``_choose_blocks`` waits for the span the orchestrator assigned (instead
 petals' own balancing) and ``_should_choose_other_blocks`` says "reload" when the
 assignment changes. A heartbeat thread reports the span actually served, so the
 orchestrator can refuse a server that claims blocks it was not given. The cache gets
-exactly ``M̃_j = ⌊(M_j − s_m·m_j)/s_c⌋`` block-job slots, so ``s_m·m_j + s_c·M̃_j ≤ M_j``.
+exactly ``M̃_j = ⌊(M_j − s_m·m_j)/s_c⌋`` block-job slots, so ``s_m·m_j + s_c·M̃_j ≤ M_j``. Its connection
+handlers can also hand a live session's KV cache to another server (``kv_handler.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from petals_chain.service_time import Workload, tau_c
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import AssignmentInfo, OrchestratorError
 from petals_chain.checkpoint.sizing import BlockSizes
+from petals_chain.server.kv_handler import install_kv_transfer
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ class OrchestratedServer(Server):
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self.cache_slots = 0
+        install_kv_transfer()  # our handlers: petals' rpcs plus the KV-cache export/import (server/kv_handler.py)
         # One placeholder block: the real span (and cache size) is set in _choose_blocks, once assigned.
         server_kwargs.setdefault("mean_balance_check_period", max(0.5, heartbeat_period_s / 2))
         super().__init__(num_blocks=1, inference_max_length=sizes.max_length, **server_kwargs)
