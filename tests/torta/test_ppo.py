@@ -29,7 +29,7 @@ def test_fluid_env_passes_gymnasium_checks():
 
 
 def test_ppo_improves_and_stays_near_the_ot_plan():
-    """The spec's bar: mean reward of the last 10 episodes at least 20 % above (less negative than) the first 10 %,
+    """The bar the issue sets: mean reward of the last 10 episodes at least 20 % above (less negative than) the first 10 %,
     and the deterministic policy ends within ε = 0.15 of the OT plan (mean Frobenius distance)."""
     torch.set_num_threads(1)
     sc = make_scenario("abilene", TINY, 1, slots=24)
@@ -43,7 +43,7 @@ def test_ppo_improves_and_stays_near_the_ot_plan():
 
 
 def test_switching_target_contradicts_the_distance_target_on_this_scenario():
-    """A finding, kept as a test: the spec also asks the final policy to switch at most K0/2.5, K0 the OT plan's own
+    """A finding, kept as a test: the issue also asks the final policy to switch at most K0/2.5, K0 the OT plan's own
     mean switching. A policy within ε of Prob_t at every slot switches at least (‖ΔProb_t‖ − 2ε)² (triangle
     inequality), and on this scenario the mean of that bound already exceeds K0/2.5: both cannot hold together."""
     sc = make_scenario("abilene", TINY, 1, slots=24)
