@@ -112,6 +112,8 @@ def _auth_middleware(guard: Guard) -> Callable:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        if getattr(request.match_info, "http_exception", None) is not None:  # no such route or method: its 404/405
+            return await handler(request)
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else request.path
         if route == "/servers/heartbeat" and guard.enabled:  # the name is in the body: the handler checks it

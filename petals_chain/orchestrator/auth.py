@@ -78,6 +78,12 @@ class Credentials:
         return {r for r in Role if _same(getattr(self, r.value), token)}
 
 
+def role_token(role: str, given: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
+    """The token a client or server process sends: ``given``, else its role's variable, else the shared one."""
+    env = os.environ if env is None else env
+    return given or env.get(ROLE_ENV[role]) or env.get(SHARED_ENV) or None
+
+
 def _same(expected: str | None, given: str) -> bool:
     """Constant-time equality of a configured token and a given one (False when none is configured)."""
     return expected is not None and hmac.compare_digest(expected.encode(), given.encode())
