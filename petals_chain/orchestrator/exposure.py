@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
+from pathlib import Path
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.auth import Credentials
@@ -53,3 +54,30 @@ def exposure_warnings(host: str, credentials: Credentials, *, tls: bool) -> list
         return [f"listening on {host} over plain HTTP: bearer tokens and server secrets travel in clear text "
                 "(give --tls-cert and --tls-key)"]
     return []
+
+
+def self_signed_pair(folder: Path, host: str = "127.0.0.1") -> tuple[str, str]:
+    """A certificate for ``host`` signed by its own (EC P-256) key, as PEM files (cert, key): for trying HTTPS on
+    loopback (tests, the benchmark); a real deployment uses a certificate its clients already trust."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "petals-chain bench")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)

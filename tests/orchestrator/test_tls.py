@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import os
 import signal
 import subprocess
@@ -13,40 +11,18 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.api import build_app, serve
 from petals_chain.orchestrator.auth import Credentials
 from petals_chain.orchestrator.client import OrchestratorClient, tls_context
-from petals_chain.orchestrator.exposure import exposure_warnings, is_loopback, server_tls
+from petals_chain.orchestrator.exposure import exposure_warnings, is_loopback, self_signed_pair, server_tls
 from tests.orchestrator.test_orchestrator import REPO, make_orchestrator, run
-
-
-def self_signed(tmp: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
-    """A certificate for ``host`` (IP SAN) signed by its own key, as PEM files (cert, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "petals-chain test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp / "cert.pem", tmp / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def test_https_round_trip_with_the_ca_file_and_refused_without_it(tmp_path: Path) -> None:
     """Lease and release over HTTPS trusting the test's CA; a client without it fails the certificate check."""
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed_pair(tmp_path)
 
     async def body() -> None:
         stop = asyncio.Event()
@@ -54,11 +30,11 @@ def test_https_round_trip_with_the_ca_file_and_refused_without_it(tmp_path: Path
         orch = make_orchestrator()
         app = build_app(orch, credentials=Credentials.shared("t"))
         task = asyncio.create_task(serve(app, "127.0.0.1", 0, on_ready=lambda h, p: started.set_result(p), stop=stop,
-                                         ssl_context=server_tls(str(cert), str(key))))
+                                         ssl_context=server_tls(cert, key)))
         try:
             port = await asyncio.wait_for(started, 30)
             url = f"https://127.0.0.1:{port}"
-            async with OrchestratorClient(url, token="t", ca_file=str(cert)) as oc:
+            async with OrchestratorClient(url, token="t", ca_file=cert) as oc:
                 lease = await oc.lease(timeout_s=5)
                 assert lease.spans[0].server == "a"
                 assert (await oc.release(lease.lease_id))["released"] is True
@@ -78,17 +54,17 @@ def test_https_round_trip_with_the_ca_file_and_refused_without_it(tmp_path: Path
 
 def test_tls_options_are_checked_and_the_ca_file_must_exist(tmp_path: Path) -> None:
     """Half a pair, a missing file or a key of another certificate: one SpecError naming the option."""
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed_pair(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
-    _, other_key = self_signed(other)
+    _, other_key = self_signed_pair(other)
     assert server_tls(None, None) is None
     with pytest.raises(SpecError, match="go together"):
-        server_tls(str(cert), None)
+        server_tls(cert, None)
     with pytest.raises(SpecError, match="--tls-key .*no such file"):
-        server_tls(str(cert), str(tmp_path / "nope.pem"))
+        server_tls(cert, str(tmp_path / "nope.pem"))
     with pytest.raises(SpecError, match="cannot load"):
-        server_tls(str(cert), str(other_key))
+        server_tls(cert, other_key)
     with pytest.raises(FileNotFoundError, match="PETALS_CHAIN_ORCH_CA"):
         tls_context(str(tmp_path / "missing-ca.pem"))
 
@@ -128,9 +104,9 @@ def test_cli_warns_when_a_token_would_travel_in_clear_over_a_public_bind(tmp_pat
     line, err, _ = _start_cli("--host", "0.0.0.0", "--token", "t0k")
     assert "listening on http://0.0.0.0:" in line, err
     assert "warning: listening on 0.0.0.0 over plain HTTP: bearer tokens and server secrets travel in clear" in err
-    cert, key = self_signed(tmp_path, "127.0.0.1")
-    line, err, _ = _start_cli("--host", "0.0.0.0", "--token", "t0k", "--tls-cert", str(cert), "--tls-key", str(key))
+    cert, key = self_signed_pair(tmp_path, "127.0.0.1")
+    line, err, _ = _start_cli("--host", "0.0.0.0", "--token", "t0k", "--tls-cert", cert, "--tls-key", key)
     assert "listening on https://0.0.0.0:" in line and "warning" not in err, err
-    line, err, code = _start_cli("--tls-cert", str(cert))
+    line, err, code = _start_cli("--tls-cert", cert)
     assert code == 2 and err.strip() == "error: --tls-cert and --tls-key go together: give both (or neither, for " \
                                         "plain HTTP)", err
