@@ -6,17 +6,19 @@ models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a 
 misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
 (:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
 
-Routes (JSON unless noted; with a token, all but /health and /ready need ``Authorization: Bearer T``):
+Routes (JSON unless noted; who may call each: :data:`petals_chain.orchestrator.auth.POLICY`, docs/trust.md, "Roles"):
 GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 200 once at least one chain is offered,
 503 until then, for a load balancer or Kubernetes) · GET /metrics (Prometheus text) · GET /chains · GET /queue ·
 GET /servers ·
-POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
+POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} (answers the server's ``secret``) ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
-POST /servers/{name}/leave {reason?} ·
+POST /servers/{name}/leave {reason?} · POST /servers/{name}/evict {reason?, resume?} ·
+POST /servers/{name}/drain {reason?, resume?} ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
-Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
-410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
+Errors: 400 malformed/invalid field, 401 missing or unknown token, 403 not this caller's to do, 404 unknown
+lease/server, 409 block claim not given or peer id held by another server, 410 heartbeat from a server marked dead,
+413 body too large, 429 too many false failure reports, 503 no chain within timeout_s or queue full.
 """
 
 from __future__ import annotations
