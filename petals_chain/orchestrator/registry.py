@@ -226,8 +226,10 @@ class Registry:
             if self.hold_new:
                 rec.pending = f"waiting to see peer {peer} in the DHT"
         else:
-            held = self.hold_new and not rec.pending and (not rec.alive or rec.peer_id != peer
-                                                          or rec.last_heartbeat_s is None)
+            # A planned server (from a cluster file, never registered) keeps its place in the plan; the trust layer
+            # still offers its chains only once it is seen serving them.
+            held = (self.hold_new and not rec.pending and rec.last_heartbeat_s is not None
+                    and (not rec.alive or rec.peer_id != peer))
             if held:
                 rec.pending = f"waiting to see peer {peer} in the DHT"
             changed = (

@@ -95,20 +95,13 @@ class Trust:
             return
         now = self.orch.clock()
         registry = self.orch.registry
-        believed, dead, offer = False, [], False
-        for rec in list(registry.servers.values()):
-            if not rec.alive or rec.peer_id is None:
-                continue
-            if rec.pending:
-                key = (rec.name, rec.peer_id, -1, -1)
-                if await self.verifier.present(rec.peer_id):
-                    believed |= registry.believe(rec.name)
-                    self._since.pop(key, None)
-                    log.info("server %r believed: peer %s answers in the DHT", rec.name, rec.peer_id)
-                elif self._overdue(key, now):
-                    dead.append((rec.name, f"peer {rec.peer_id} never answered in the DHT"))
-                continue
-            offer |= await self._check_span(rec, now, dead)
+        dead: list[tuple[str, str]] = []
+        recs = [r for r in registry.servers.values() if r.alive and r.peer_id is not None]
+        # every server at once: one peer that does not answer must not hold up the others for its timeout
+        outcomes = await asyncio.gather(*(self._check_pending(r, now, dead) if r.pending
+                                          else self._check_span(r, now, dead) for r in recs))
+        believed = any(o for r, o in zip(recs, outcomes) if o == "believed")
+        offer = any(o is True for o in outcomes)
         for name, why in dead:
             log.warning("server %r marked dead: %s", name, why)
             await self.orch.server_failed(name, why)
@@ -118,6 +111,19 @@ class Trust:
             self.orch.refresh_offer()
         live = {(r.name, r.peer_id) for r in registry.servers.values() if r.alive}
         self._since = {k: v for k, v in self._since.items() if (k[0], k[1]) in live}
+
+    async def _check_pending(self, rec: ServerRecord, now_s: float, dead: list[tuple[str, str]]) -> str | None:
+        """A pending server whose peer answers a DHT ping is believed ("believed"); one silent too long is buried."""
+        key = (rec.name, rec.peer_id, -1, -1)
+        assert rec.peer_id is not None and self.verifier is not None
+        if await self.verifier.present(rec.peer_id):
+            if rec.alive and rec.pending and self.orch.registry.believe(rec.name):
+                self._since.pop(key, None)
+                log.info("server %r believed: peer %s answers in the DHT", rec.name, rec.peer_id)
+                return "believed"
+        elif self._overdue(key, now_s):
+            dead.append((rec.name, f"peer {rec.peer_id} never answered in the DHT"))
+        return None
 
     async def _check_span(self, rec: ServerRecord, now_s: float, dead: list[tuple[str, str]]) -> bool:
         """If ``rec`` claims (by heartbeat) the span it was assigned, check the DHT and the peer; True if newly seen."""

@@ -348,3 +348,28 @@ def test_credentials_resolve_from_options_then_role_variables_then_the_shared_to
     assert (c.client, c.server, c.operator) == ("shared", "srv", "op")
     assert not Credentials.resolve(None, env={}).enabled
     assert Credentials.resolve("", env={"PETALS_CHAIN_CLIENT_TOKEN": ""}).client is None
+
+
+def test_a_planned_server_keeps_its_place_in_the_plan_while_it_proves_itself() -> None:
+    """A server named in the cluster file is composed before it registers; registering does not pull it out of the
+    plan (others are not reassigned), but its chains wait until it is seen serving them."""
+    from petals_chain.model import ServerSpec
+
+    async def body() -> None:
+        swarm = TableSwarm()
+        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5), heartbeat_timeout_s=None, offer_when_serving=True)
+        trust = Trust(orch, swarm)
+        orch.registry.add_planned([ServerSpec("p", 8 * GB, 0.01, 0.1)])
+        orch.recompose_now()
+        planned = _assignments(orch)
+        rec = await orch.register(_reg("p", "Pp"))
+        assert not rec.pending and _assignments(orch) == planned
+        span = planned["p"]
+        await orch.heartbeat(HeartbeatBody(name="p", serving={"start": span[0], "end": span[1]}))
+        assert orch.leases.free_capacity() == 0
+        swarm.present_peers.add("Pp")
+        swarm.spans["Pp"] = span
+        await trust.verify_once()
+        assert orch.leases.free_capacity() > 0
+
+    run(body())
