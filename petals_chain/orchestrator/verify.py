@@ -91,7 +91,7 @@ class DhtVerifier:
         try:
             return bool(await self._in_dht(functools.partial(_ping, peer_id=peer_id, timeout_s=self.timeout_s)))
         except Exception as exc:  # the DHT node itself failed: no belief either way, so no
-            log.warning("DHT ping of %s failed: %s", peer_id, exc)
+            log.warning("DHT ping of %s failed: %s: %s", peer_id, type(exc).__name__, exc)
             return False
 
     async def announces(self, peer_id: str, start: int, end: int) -> bool:
@@ -107,7 +107,7 @@ class DhtVerifier:
             infos = await asyncio.wait_for(loop.run_in_executor(
                 None, functools.partial(get_remote_module_infos, self.dht, uids, latest=True)), self.timeout_s * 2)
         except Exception as exc:
-            log.warning("reading the DHT records of %s failed: %s", uids[0], exc)
+            log.warning("reading the DHT records of %s..%s failed: %s: %s", uids[0], uids[-1], type(exc).__name__, exc)
             return False
         for info in infos:
             entry = next((s for p, s in info.servers.items() if p.to_base58() == peer_id), None)
@@ -123,5 +123,5 @@ class DhtVerifier:
         try:
             return bool(await self._in_dht(fn))
         except Exception as exc:
-            log.warning("rpc_info to %s failed: %s", peer_id, exc)
+            log.warning("rpc_info to %s failed: %s: %s", peer_id, type(exc).__name__, exc)
             return False
