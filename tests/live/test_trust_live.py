@@ -1,6 +1,6 @@
 """A live swarm with client, server and operator credentials: the probe's attacks and a fuzzer change nothing.
 
-One swarm of the tiny random LLaMA (the fixtures of tests/live/test_swarm.py): orchestrator with its DHT and three
+One swarm of the tiny random LLaMA (the fixtures of tests/live/test_swarm.py): orchestrator with its DHT and two
 servers, each role with its own token. Registrations are believed only from the DHT (the orchestrator's default with
 a DHT): an invented peer id stays out of the composition and is buried, a real server's peer id claimed by another
 name is refused, a spoofed heartbeat is a 403, a false failure report leaves capacity intact and the 4th is a 429.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,9 +24,9 @@ import numpy as np
 import pytest
 import torch
 
-from petals_chain.loopback.swarm import LocalSwarm
+from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
 from tests.live import test_swarm
-from tests.live.test_swarm import MAX_LENGTH, SERVERS, _wait_for
+from tests.live.test_swarm import MAX_LENGTH, _wait_for
 
 pytestmark = pytest.mark.live
 
@@ -35,12 +36,13 @@ TOKENS = {"client": "live-client-token", "server": "live-server-token", "operato
 ENV = {"PETALS_CHAIN_CLIENT_TOKEN": TOKENS["client"], "PETALS_CHAIN_SERVER_TOKEN": TOKENS["server"],
        "PETALS_CHAIN_OPERATOR_TOKEN": TOKENS["operator"]}
 VERIFY_TIMEOUT_S = 6.0
+SERVERS = [ServerPlan("s1", "3MB"), ServerPlan("s2", "3MB")]  # two whole-model servers: two chains, a short start
 INVENTED_PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # a well-formed peer id that no one here holds
 
 
 @pytest.fixture(scope="module")
 def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Orchestrator + DHT + 3 servers, with a token per role (given to every process through its environment)."""
+    """Orchestrator + DHT + 2 servers, with a token per role (given to every process through its environment)."""
     saved = {k: os.environ.get(k) for k in (*ENV, "PETALS_CHAIN_ORCH_TOKEN")}
     os.environ.update(ENV)
     os.environ.pop("PETALS_CHAIN_ORCH_TOKEN", None)
@@ -253,8 +255,11 @@ def test_fuzzed_requests_are_4xx_with_json_and_change_nothing(swarm: LocalSwarm,
         ("DELETE", "/lease", "method", {}, c), ("GET", "/no/such/route", "route", {}, c),
     ]
     answers: list[tuple[str, str, int, Any, str]] = []
-    sent = 0
+    sent, renewed_s = 0, time.monotonic()
     while sent < 250 or gen.is_alive():
+        if time.monotonic() - renewed_s > 5.0:  # the holder renews as a real client does (TTL 20 s)
+            assert call(swarm, "POST", f"/lease/{held['lease_id']}/renew", {}, c)[0] == 200
+            renewed_s = time.monotonic()
         method, template, kind, base, token = routes[int(rng.integers(len(routes)))]
         path = template.replace("{name}", str(rng.choice(bad_names))).replace("{id}", str(rng.choice(bad_leases)))
         if rng.random() < 0.15:  # a wrong or missing credential instead of the right one
