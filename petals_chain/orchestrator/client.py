@@ -20,7 +20,8 @@ CA_FILE_ENV = "PETALS_CHAIN_ORCH_CA"  # a CA bundle (PEM) that signed the orches
 
 
 def tls_context(ca_file: str | None = None) -> ssl.SSLContext | None:
-    """The TLS context for an https orchestrator: the system's CAs plus ``ca_file`` (or $PETALS_CHAIN_ORCH_CA)."""
+    """The TLS context for an https orchestrator: the CAs of ``ca_file`` (or $PETALS_CHAIN_ORCH_CA) only, or None for
+    aiohttp's default (the system's CAs)."""
     ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
     if ca_file is None:
         return None  # aiohttp's default verification against the system's CAs
