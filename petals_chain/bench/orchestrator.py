@@ -4,8 +4,10 @@ The orchestrator runs in a child process on a loopback port with a synthetic
 composition of ``--chains`` one-server chains (seeded capacities 1-8 and service
 times 5-20 s); this process drives ``--requests`` lease+release round trips at
 each ``--concurrency`` level and prints round trips per second and p50/p99
-latency. Then the pure JFFC decision time (µs) with no HTTP, and the in-process
-LeaseManager round trip, show where the time goes.
+latency, over plain HTTP and then over HTTPS (a second child with a self-signed
+certificate made for the run, the client trusting it; ``--no-tls`` skips it), with
+the TLS/plain ratios of the same run. Then the pure JFFC decision time (µs) with
+no HTTP, and the in-process LeaseManager round trip, show where the time goes.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from petals_chain.orchestrator.exposure import self_signed_pair
 
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
@@ -40,10 +45,11 @@ def synthetic_composition(num_chains: int, rng: np.random.Generator) -> Composit
     return Composition(servers, MODEL, placement, chains, c=int(caps.max()))
 
 
-def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
-    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>."""
+def _serve_child(num_chains: int, seed: int, conn: Any, tls: tuple[str, str] | None = None) -> None:
+    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port> (HTTPS with ``tls``)."""
     from petals_chain.orchestrator.api import build_app, serve
     from petals_chain.orchestrator.core import Orchestrator
+    from petals_chain.orchestrator.exposure import server_tls
     from petals_chain.orchestrator.registry import Registry
 
     comp = synthetic_composition(num_chains, np.random.default_rng(seed))
@@ -51,10 +57,13 @@ def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
     registry.add_planned(comp.servers)
     orch = Orchestrator(registry, heartbeat_timeout_s=None)
     orch.install(comp)
-    asyncio.run(serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port)))
+    ssl_context = server_tls(*tls) if tls is not None else None
+    asyncio.run(serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port),
+                      ssl_context=ssl_context))
 
 
-async def _http_level(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, float]:
+async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
+                      ca_file: str | None = None) -> dict[str, float]:
     """`requests` lease+release round trips from `concurrency` workers; rate and latency percentiles."""
     import aiohttp
     from tqdm import tqdm
@@ -64,7 +73,7 @@ async def _http_level(url: str, concurrency: int, requests: int, warmup: int) ->
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     async with aiohttp.ClientSession(connector=connector) as session:
-        oc = OrchestratorClient(url, session=session)
+        oc = OrchestratorClient(url, session=session, ca_file=ca_file)
         for _ in range(warmup):
             lease = await oc.lease(timeout_s=30)
             await oc.release(lease.lease_id)
@@ -144,6 +153,31 @@ async def _lease_manager_us(comp: Composition, pairs: int) -> float:
     return (time.perf_counter() - t0) / pairs * 1e6
 
 
+def _http_run(args: argparse.Namespace, tls: tuple[str, str] | None) -> list[dict[str, float]]:
+    """Every concurrency level against a fresh orchestrator child (HTTPS with ``tls`` = (cert, key))."""
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, tls), daemon=True)
+    proc.start()
+    out = []
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the orchestrator child did not start within 60 s")
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{parent.recv()}"
+        print(f"orchestrator at {url} with {args.chains} chains (child pid {proc.pid})")
+        print(f"{'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
+        for c in args.concurrency:
+            r = asyncio.run(_http_level(url, c, args.requests, warmup=min(50, args.requests),
+                                        ca_file=tls[0] if tls else None))
+            out.append(r)
+            print(f"{c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                  f"{r['mean_ms']:>8.2f}", flush=True)
+    finally:
+        proc.terminate()
+        proc.join(10)
+    return out
+
+
 def run(argv: list[str] | None = None) -> int:
     """Print HTTP lease+release rates and latencies, then the JFFC and LeaseManager decision times."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.bench orchestrator", description=__doc__)
@@ -154,6 +188,7 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer requests and pairs (a smoke run)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--no-tls", action="store_true", help="skip the HTTPS run")
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.pairs = min(args.requests, 200), min(args.pairs, 20_000)
@@ -161,25 +196,17 @@ def run(argv: list[str] | None = None) -> int:
         print("error: --chains, --requests and --concurrency must be >= 1")
         return 2
 
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child), daemon=True)
-    proc.start()
     results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": []}
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the orchestrator child did not start within 60 s")
-        url = f"http://127.0.0.1:{parent.recv()}"
-        print(f"orchestrator at {url} with {args.chains} chains (child pid {proc.pid})")
-        print(f"{'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-        for c in args.concurrency:
-            r = asyncio.run(_http_level(url, c, args.requests, warmup=min(50, args.requests)))
-            results["http"].append(r)
-            print(f"{c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                  f"{r['mean_ms']:>8.2f}", flush=True)
-    finally:
-        proc.terminate()
-        proc.join(10)
+    results["http"] = _http_run(args, None)
+    if not args.no_tls:
+        with tempfile.TemporaryDirectory() as folder:
+            results["https"] = _http_run(args, self_signed_pair(Path(folder)))  # made for this run
+        print(f"{'concurrency':>11} {'TLS/plain round trips/s':>24} {'TLS/plain p99':>14}")
+        for plain, tls in zip(results["http"], results["https"]):
+            rate = tls["round_trips_per_s"] / plain["round_trips_per_s"]
+            p99 = tls["p99_ms"] / plain["p99_ms"]
+            tls["rate_vs_plain"], tls["p99_vs_plain"] = rate, p99
+            print(f"{plain['concurrency']:>11} {rate:>24.2f} {p99:>14.2f}")
 
     rng = np.random.default_rng(args.seed)
     comp = synthetic_composition(args.chains, np.random.default_rng(args.seed))

@@ -104,7 +104,9 @@ class AutoDistributedModelForCausalLM:
 
             check_model_dir(Path(model_name_or_path).expanduser())
         options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
-        orch = BlockingOrchestrator(orchestrator, token=orchestrator_token)
+        from petals_chain.orchestrator.auth import role_token
+
+        orch = BlockingOrchestrator(orchestrator, token=role_token("client", orchestrator_token))
         try:
             health = orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
             dht = health.get("dht") or {}

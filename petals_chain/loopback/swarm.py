@@ -81,10 +81,13 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
     return out
 
 
-def http_json(url: str, timeout_s: float = 10.0, data: dict | None = None) -> Any:
-    """GET (or POST ``data``) a JSON document; urllib so the launcher needs no event loop."""
+def http_json(url: str, timeout_s: float = 10.0, data: dict | None = None, token: str | None = None) -> Any:
+    """GET (or POST ``data``) a JSON document (with a bearer token); urllib so the launcher needs no event loop."""
     body = None if data is None else json.dumps(data).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=body, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())
 
@@ -131,6 +134,8 @@ class LocalSwarm:
         job_output_tokens: int = 16,
         python: str = sys.executable,
         server_args: tuple[str, ...] = (),
+        orchestrator_extra: tuple[str, ...] = (),
+        api_token: str | None = None,
     ) -> None:
         names = [s.name for s in servers]
         if len(set(names)) != len(names):
@@ -147,6 +152,8 @@ class LocalSwarm:
         self.job_input_tokens, self.job_output_tokens = job_input_tokens, job_output_tokens
         self.python = python
         self.server_args = tuple(server_args)
+        self.orchestrator_extra = tuple(orchestrator_extra)  # more orchestrator options (credentials, timeouts)
+        self.api_token = api_token  # what get() sends (the operator's token when the orchestrator has roles)
         self.procs: list[SwarmProcess] = []
         self.url: str | None = None
         self.started_pgids: list[int] = []
@@ -176,7 +183,7 @@ class LocalSwarm:
         ]
         if self.c is not None:
             args += ["--c", str(self.c)]
-        return args
+        return args + list(self.orchestrator_extra)
 
     def server_command(self, plan: ServerPlan) -> list[str]:
         """Arguments of ``python -m petals_chain.server`` for one planned server."""
@@ -221,7 +228,7 @@ class LocalSwarm:
     def get(self, path: str, timeout_s: float = 10.0) -> Any:
         """GET a JSON route of the orchestrator."""
         assert self.url is not None
-        return http_json(self.url + path, timeout_s)
+        return http_json(self.url + path, timeout_s, token=self.api_token)
 
     def wait_ready(self, names: list[str], timeout_s: float = 300.0, stable_s: float = 3.0) -> dict[str, Any]:
         """Until the named servers are registered and alive, a composition exists, and every server with
@@ -240,7 +247,8 @@ class LocalSwarm:
                 time.sleep(0.5)
                 continue
             recs = {r["name"]: r for r in servers["servers"]}
-            ready = health["composition"] and all(n in recs and recs[n]["alive"] for n in names) and all(
+            offered = health["chains"] == health["chains_composed"]  # every chain checked and offered
+            ready = health["composition"] and offered and all(n in recs and recs[n]["alive"] for n in names) and all(
                 r["serving"] == {"start": r["assignment"]["start"], "end": r["assignment"]["end"]}
                 for r in recs.values()
                 if r["alive"] and r["assignment"] and r["assignment"]["num_blocks"] > 0

@@ -6,25 +6,27 @@ models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a 
 misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
 (:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
 
-Routes (JSON unless noted; with a token, all but /health, /ready and /dashboard need ``Authorization: Bearer T``):
+Routes (JSON unless noted; who may call each: :data:`petals_chain.orchestrator.auth.POLICY`, docs/trust.md, "Roles"):
 GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 200 once at least one chain is offered,
 503 until then, for a load balancer or Kubernetes) · GET /metrics (Prometheus text) · GET /chains · GET /queue ·
 GET /servers · GET /dashboard (the live page, HTML; open: it holds no data) · GET /dashboard.json (what it draws) ·
-POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
+POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} (answers the server's ``secret``) ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
-POST /servers/{name}/leave {reason?} ·
+POST /servers/{name}/leave {reason?} · POST /servers/{name}/evict {reason?, resume?} ·
+POST /servers/{name}/drain {reason?, resume?} ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
-Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
-410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
+Errors: 400 malformed/invalid field, 401 missing or unknown token, 403 not this caller's to do, 404 unknown
+lease/server, 409 block claim not given or peer id held by another server, 410 heartbeat from a server marked dead,
+413 body too large, 429 too many false failure reports, 503 no chain within timeout_s or queue full.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import signal
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -34,15 +36,21 @@ from prometheus_client.exposition import choose_encoder
 from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.orchestrator import bodies, dashboard
+from petals_chain.orchestrator.auth import OPEN_ROUTES, SECRET_HEADER, Caller, Credentials, ForbiddenError, Guard, \
+    UnauthorizedError
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
+from petals_chain.orchestrator.suspects import RateLimitedError
+from petals_chain.orchestrator.trust import Trust
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 
 log = logging.getLogger(__name__)
 
 ORCH_KEY = web.AppKey("orchestrator", Orchestrator)
 SWEEPER_KEY = web.AppKey("sweeper", asyncio.Task)
+VERIFIER_KEY = web.AppKey("verifier", asyncio.Task)
+GUARD_KEY = web.AppKey("guard", Guard)
 _STATUS_FOR: tuple[tuple[type[BaseException], int], ...] = (
     (BadRequestError, 400),
     (UnknownLeaseError, 404),
@@ -50,6 +58,9 @@ _STATUS_FOR: tuple[tuple[type[BaseException], int], ...] = (
     (ClaimError, 409),
     (ServerDeadError, 410),
     (SpecError, 400),  # RegistryError is a SpecError
+    (UnauthorizedError, 401),
+    (ForbiddenError, 403),
+    (RateLimitedError, 429),
     (LeaseTimeoutError, 503),
     (QueueFullError, 503),
 )
@@ -94,19 +105,27 @@ def _error_middleware(orch: Orchestrator) -> Callable:
     return middleware
 
 
-# Probes of orchestration tools, which carry no credentials, and the live page's HTML (its data needs the token).
-OPEN_PATHS = frozenset({"/health", "/ready", dashboard.PAGE_PATH})
+OPEN_PATHS = OPEN_ROUTES  # probes of orchestration tools and the live page's HTML, which carry no credentials
+CALLER_KEY = web.RequestKey("caller", Caller)  # the request's Caller, set by the auth middleware
 
 
-def _auth_middleware(token: str | None) -> Callable:
-    """Require ``Authorization: Bearer <token>`` on every route but the probes (OPEN_PATHS) when a token is set."""
+def _auth_middleware(guard: Guard) -> Callable:
+    """Check every request against the roles' policy (:mod:`petals_chain.orchestrator.auth`) before its handler."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-        if token is not None and request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise web.HTTPUnauthorized(reason="missing or wrong bearer token")
+        if getattr(request.match_info, "http_exception", None) is not None:  # no such route or method: its 404/405
+            return await handler(request)
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else request.path
+        if route == "/servers/heartbeat" and guard.enabled:  # the name is in the body: the handler checks it
+            caller = guard.caller(request)
+            if caller.server is None:
+                raise (UnauthorizedError if not caller.roles else ForbiddenError)(
+                    "a heartbeat needs the server's own secret (issued when it registered)")
+        else:
+            caller = guard.authorize(request, route, request.match_info.get("name"))
+        request[CALLER_KEY] = caller
         return await handler(request)
 
     return middleware
@@ -182,16 +201,30 @@ async def _servers(request: web.Request) -> web.Response:
 
 
 async def _register(request: web.Request) -> web.Response:
-    """POST /servers/register: add or refresh a server; answers with its assignment."""
-    orch = request.app[ORCH_KEY]
-    rec = await orch.register(await bodies.read(request, bodies.RegisterBody))
-    return _json(_server_reply(orch, rec))
+    """POST /servers/register: add or refresh a server; answers with its assignment and its own secret."""
+    orch, guard = request.app[ORCH_KEY], request.app[GUARD_KEY]
+    body = await bodies.read(request, bodies.RegisterBody)
+    known = orch.registry.servers.get(body.name)
+    guard.check_reregistration(request, body.name, known is not None and known.alive)
+    if orch.trust is not None:
+        orch.trust.admit(body)
+    same = known is not None and known.alive and guard.secrets.matches(body.name, request.headers.get(SECRET_HEADER))
+    rec = await orch.register(body)
+    reply = _server_reply(orch, rec)
+    if guard.enabled:  # a fresh secret, unless the server proved it is the one holding the current one
+        reply["secret"] = request.headers[SECRET_HEADER] if same else guard.secrets.issue(rec.name)
+    return _json(reply)
 
 
 async def _heartbeat(request: web.Request) -> web.Response:
-    """POST /servers/heartbeat: liveness, served span, fresh measurements."""
+    """POST /servers/heartbeat: liveness, served span, fresh measurements (only from the server itself)."""
     orch = request.app[ORCH_KEY]
-    rec = await orch.heartbeat(await bodies.read(request, bodies.HeartbeatBody))
+    body = await bodies.read(request, bodies.HeartbeatBody)
+    caller = request[CALLER_KEY]
+    if request.app[GUARD_KEY].enabled and caller.server != body.name:
+        raise ForbiddenError(f"heartbeat for server {body.name!r} from server {caller.server!r}: a server "
+                             "speaks only for itself")
+    rec = await orch.heartbeat(body)
     return _json(_server_reply(orch, rec))
 
 
@@ -209,6 +242,40 @@ async def _leave(request: web.Request) -> web.Response:
     rec = orch.registry.get(check_name(request.match_info["name"]))
     await orch.server_failed(rec.name, f"left: {body.reason}")
     return _json(_server_reply(orch, rec))
+
+
+async def _evict(request: web.Request) -> web.Response:
+    """POST /servers/{name}/evict (operator): mark the server dead, revoke its secret and refuse its name until the
+    operator lifts the ban (``resume``); its chains go at once."""
+    orch, guard = request.app[ORCH_KEY], request.app[GUARD_KEY]
+    body = await bodies.read(request, bodies.DrainBody, required=False)
+    rec = orch.registry.get(check_name(request.match_info["name"]))
+    if body.resume:
+        guard.banned.pop(rec.name, None)
+        log.warning("server %r may register again (the operator lifted its eviction)", rec.name)
+    else:
+        guard.secrets.revoke(rec.name)
+        guard.banned[rec.name] = body.reason
+        await orch.server_failed(rec.name, f"evicted by the operator: {body.reason}")
+        log.warning("server %r evicted by the operator: %s", rec.name, body.reason)
+    reply = _server_reply(orch, rec)
+    reply["evicted"] = rec.name in guard.banned
+    return _json(reply)
+
+
+async def _drain(request: web.Request) -> web.Response:
+    """POST /servers/{name}/drain (operator): no new leases through the server (``resume``: undo)."""
+    orch = request.app[ORCH_KEY]
+    body = await bodies.read(request, bodies.DrainBody, required=False)
+    name = check_name(request.match_info["name"])
+    trust = orch.trust if orch.trust is not None else Trust(orch)
+    if body.resume:
+        trust.resume(name)
+    else:
+        trust.drain(name, body.reason)
+    reply = _server_reply(orch, orch.registry.get(name))
+    reply["drained"] = name in trust.drained
+    return _json(reply)
 
 
 async def _lease(request: web.Request) -> web.Response:
@@ -241,16 +308,23 @@ async def _report_failure(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.ReportFailureBody)
     lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
-                                      ttl_s=body.ttl_s)
+                                      ttl_s=body.ttl_s, reporter=request.remote)
     return _json(orch.lease_json(lease))
 
 
-def build_app(orch: Orchestrator, *, token: str | None = None,
+def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Credentials | None = None,
               sweep_interval_s: float = defaults.SWEEP_INTERVAL_S) -> web.Application:
-    """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
-    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)],
+    """The aiohttp application: routes, JSON errors, the roles' credentials (``token``: one for every role),
+    background sweeper and, with a trust layer that verifies, its verification loop."""
+    if credentials is None:
+        credentials = Credentials.shared(token)
+    elif token is not None:
+        raise ValueError("give token (one for every role) or credentials, not both")
+    guard = Guard(credentials)
+    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(guard)],
                           client_max_size=bodies.MAX_BODY_BYTES)
     app[ORCH_KEY] = orch
+    app[GUARD_KEY] = guard
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
     app.router.add_get("/metrics", _metrics)
@@ -261,6 +335,8 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     app.router.add_post("/servers/heartbeat", _heartbeat)
     app.router.add_get("/servers/{name}/assignment", _assignment)
     app.router.add_post("/servers/{name}/leave", _leave)
+    app.router.add_post("/servers/{name}/evict", _evict)
+    app.router.add_post("/servers/{name}/drain", _drain)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)
@@ -270,10 +346,14 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""
         app[SWEEPER_KEY] = asyncio.create_task(orch.run_sweeper(sweep_interval_s))
+        if orch.trust is not None and orch.trust.verifier is not None:
+            app[VERIFIER_KEY] = asyncio.create_task(orch.trust.run())
 
     async def stop_sweeper(app: web.Application) -> None:
         """Stop the sweeper and wake the waiters."""
         app[SWEEPER_KEY].cancel()
+        if VERIFIER_KEY in app:
+            app[VERIFIER_KEY].cancel()
         orch.leases.fail_waiters()
 
     app.on_startup.append(start_sweeper)
@@ -287,11 +367,12 @@ async def serve(
     port: int,
     on_ready: Callable[[str, int], None] | None = None,
     stop: asyncio.Event | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
-    """Run the app on host:port (port 0 picks one) until SIGINT/SIGTERM or ``stop`` is set."""
+    """Run the app on host:port (port 0 picks one; HTTPS with ``ssl_context``) until SIGINT/SIGTERM or ``stop``."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     addr = runner.addresses[0]
     if on_ready is not None:

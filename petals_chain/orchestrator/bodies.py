@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
@@ -108,6 +109,13 @@ class LeaveBody(Body):
     """POST /servers/{name}/leave: why the server leaves (free text)."""
 
     reason: Label = "left"
+
+
+class DrainBody(Body):
+    """POST /servers/{name}/drain: why (free text); ``resume`` undoes a drain."""
+
+    reason: Label = "drained by the operator"
+    resume: StrictBool = False
 
 
 class LeaseBody(Body):

@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,10 @@ from typing import TYPE_CHECKING, Any
 from petals_chain import defaults
 from petals_chain.compose.methods import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.auth import ROLE_ENV, SHARED_ENV, Credentials
 from petals_chain.orchestrator.bodies import MAX_TTL_S
+from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
+from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
@@ -41,8 +43,7 @@ from petals_chain.cli_args import (
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
 
-TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+TOKEN_ENV = SHARED_ENV
 LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: LeaseManager,
                                                               Routing.WS_RR: WsRrLeaseManager}
 BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
@@ -75,7 +76,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     s.add_argument("--port", type=port_arg, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")
-    s.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV}); /health stays open")
+    s.add_argument("--token", default=None,
+                   help=f"one bearer token for every role (or env {TOKEN_ENV}): shorthand for the three below; "
+                        "a role's own option or variable wins over it. /health and /ready stay open")
+    s.add_argument("--client-token", default=None, help=f"clients' token: leases (or env {ROLE_ENV['client']})")
+    s.add_argument("--server-token", default=None,
+                   help=f"servers' token: joining; each server then gets its own secret (or env {ROLE_ENV['server']})")
+    s.add_argument("--operator-token", default=None,
+                   help=f"operator's token: evict, drain, /metrics (or env {ROLE_ENV['operator']})")
+    s.add_argument("--metrics-open", action="store_true", help="serve /metrics to anyone (default: operator only)")
+    s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve the API over HTTPS")
+    s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    s.add_argument("--trust-registrations", action="store_true",
+                   help="believe servers' registrations and heartbeats without checking them in the DHT (the "
+                        "default with a DHT is to hold a server out until its peer answers there)")
+    s.add_argument("--verify-timeout", "--verify-timeout-s", dest="verify_timeout_s", type=duration_range(gt=0),
+                   metavar="DURATION", default=VERIFY_TIMEOUT_S,
+                   help="a server not seen in the DHT (or not serving the span it claims) this long is marked dead")
     s.add_argument("--lease-ttl", "--lease-ttl-s", dest="lease_ttl_s", type=duration_range(gt=0, le=MAX_TTL_S),
                    metavar="DURATION", default=defaults.LEASE_TTL_S,
                    help="a lease not renewed for this long expires (e.g. 60s, 2min; at most 24 h)")
@@ -176,10 +193,11 @@ async def _run(args: argparse.Namespace) -> None:
 
     orch, method = build_orchestrator(args)
     registry = orch.registry
-    token = args.token or os.environ.get(TOKEN_ENV) or None
-    if args.host not in LOOPBACK and token is None:
-        print(f"warning: listening on {args.host} without a token; anyone who reaches it can lease and "
-              "deregister", file=sys.stderr)
+    credentials = Credentials.resolve(args.token, client=args.client_token, server=args.server_token,
+                                      operator=args.operator_token, metrics_open=args.metrics_open)
+    ssl_context = server_tls(args.tls_cert, args.tls_key)
+    for line in exposure_warnings(args.host, credentials, tls=ssl_context is not None):
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     dht = None
     if args.initial_peers or args.start_dht:
         from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
@@ -188,16 +206,24 @@ async def _run(args: argparse.Namespace) -> None:
         dht = start_dht(args.initial_peers, args.dht_host_maddrs)
         orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
         print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
+    from petals_chain.orchestrator.trust import Trust
+    from petals_chain.orchestrator.verify import DhtVerifier
+
+    verifier = DhtVerifier(dht.dht, orch.dht_info["dht_prefix"]) if dht and not args.trust_registrations else None
+    Trust(orch, verifier, verify_timeout_s=args.verify_timeout_s)
 
     def ready(host: str, port: int) -> None:
         """Print the address once listening (scripts wait for this line)."""
         h = orch.health()
-        print(f"orchestrator listening on http://{host}:{port} (method {method.name}; model {registry.model.name!r}, "
-              f"{registry.model.num_blocks} blocks; composition v{h['version']}: {h['chains']} chains, "
+        scheme = "https" if ssl_context is not None else "http"
+        print(f"orchestrator listening on {scheme}://{host}:{port} (method {method.name}; "
+              f"model {registry.model.name!r}, {registry.model.num_blocks} blocks; "
+              f"composition v{h['version']}: {h['chains']} chains, "
               f"capacity {h['capacity']})", flush=True)
 
     try:
-        await serve(build_app(orch, token=token), args.host, args.port, on_ready=ready)
+        await serve(build_app(orch, credentials=credentials), args.host, args.port, on_ready=ready,
+                    ssl_context=ssl_context)
     finally:
         if dht is not None:
             dht.shutdown()

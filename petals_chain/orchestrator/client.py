@@ -6,12 +6,28 @@
 
 from __future__ import annotations
 
+import os
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from petals_chain import defaults
+from petals_chain.orchestrator.auth import SECRET_HEADER
+
+CA_FILE_ENV = "PETALS_CHAIN_ORCH_CA"  # a CA bundle (PEM) that signed the orchestrator's TLS certificate
+
+
+def tls_context(ca_file: str | None = None) -> ssl.SSLContext | None:
+    """The TLS context for an https orchestrator: the CAs of ``ca_file`` (or $PETALS_CHAIN_ORCH_CA) only, or None for
+    aiohttp's default (the system's CAs)."""
+    ca_file = ca_file or os.environ.get(CA_FILE_ENV) or None
+    if ca_file is None:
+        return None  # aiohttp's default verification against the system's CAs
+    if not os.path.isfile(ca_file):
+        raise FileNotFoundError(f"CA file {ca_file!r} (--orchestrator-ca / ${CA_FILE_ENV}) does not exist")
+    return ssl.create_default_context(cafile=ca_file)
 
 
 class OrchestratorError(RuntimeError):
@@ -73,10 +89,13 @@ class OrchestratorClient:
     """Talks to one orchestrator; use as ``async with OrchestratorClient(url) as oc: ...``."""
 
     def __init__(self, base_url: str, *, token: str | None = None, session: aiohttp.ClientSession | None = None,
-                 request_timeout_s: float = defaults.CALL_TIMEOUT_S) -> None:
+                 request_timeout_s: float = defaults.CALL_TIMEOUT_S, ca_file: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = tls_context(ca_file) if self.base_url.startswith("https://") else None
+        # Each server registered through this client gets its own secret; it speaks for itself with it.
+        self.server_secrets: dict[str, str] = {}
         self._session = session
         self._own_session = session is None
 
@@ -94,15 +113,22 @@ class OrchestratorClient:
             await self._session.close()
             self._session = None
 
+    def _as_server(self, name: str) -> dict[str, str]:
+        """Headers that speak for server ``name``: its secret when it has one, else this client's token."""
+        secret = self.server_secrets.get(name)
+        return {"Authorization": f"Bearer {secret}"} if secret else self._headers
+
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                    timeout_s: float | None = None) -> Any:
+                    timeout_s: float | None = None, headers: dict[str, str] | None = None) -> Any:
         """One request; JSON reply on 2xx, OrchestratorError otherwise."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
             self._own_session = True
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
-        async with self._session.request(method, self.base_url + path, json=body, headers=self._headers,
-                                         timeout=timeout) as resp:
+        kw: dict[str, Any] = {} if self._ssl is None else {"ssl": self._ssl}
+        async with self._session.request(method, self.base_url + path, json=body,
+                                         headers=self._headers if headers is None else headers,
+                                         timeout=timeout, **kw) as resp:
             if resp.content_type == "application/json":
                 data = await resp.json()
             else:
@@ -149,7 +175,13 @@ class OrchestratorClient:
             body["peer_id"] = peer_id
         if address is not None:
             body["address"] = address
-        return AssignmentInfo.from_reply(await self._call("POST", "/servers/register", body))
+        headers = dict(self._headers)
+        if name in self.server_secrets:
+            headers[SECRET_HEADER] = self.server_secrets[name]
+        reply = await self._call("POST", "/servers/register", body, headers=headers)
+        if reply.get("secret"):
+            self.server_secrets[name] = reply["secret"]
+        return AssignmentInfo.from_reply(reply)
 
     async def heartbeat(self, name: str, *, serving: tuple[int, int] | None = None, tau_p_s: float | None = None,
                         tau_c_s: float | None = None) -> AssignmentInfo | None:
@@ -161,15 +193,25 @@ class OrchestratorClient:
             body["tau_p_s"] = tau_p_s
         if tau_c_s is not None:
             body["tau_c_s"] = tau_c_s
-        return AssignmentInfo.from_reply(await self._call("POST", "/servers/heartbeat", body))
+        return AssignmentInfo.from_reply(await self._call("POST", "/servers/heartbeat", body,
+                                                          headers=self._as_server(name)))
 
     async def leave(self, name: str, reason: str = "shutting down") -> dict[str, Any]:
         """Tell the orchestrator this server is going away (it is marked dead and its chains retired)."""
-        return await self._call("POST", f"/servers/{name}/leave", {"reason": reason})
+        return await self._call("POST", f"/servers/{name}/leave", {"reason": reason}, headers=self._as_server(name))
 
     async def assignment(self, name: str) -> AssignmentInfo | None:
         """The blocks the orchestrator wants ``name`` to hold."""
-        return AssignmentInfo.from_reply(await self._call("GET", f"/servers/{name}/assignment"))
+        return AssignmentInfo.from_reply(await self._call("GET", f"/servers/{name}/assignment",
+                                                          headers=self._as_server(name)))
+
+    async def evict(self, name: str, reason: str = "evicted") -> dict[str, Any]:
+        """(operator) Mark ``name`` dead and revoke its secret."""
+        return await self._call("POST", f"/servers/{name}/evict", {"reason": reason})
+
+    async def drain(self, name: str, reason: str = "drained", *, resume: bool = False) -> dict[str, Any]:
+        """(operator) Stop new leases through ``name`` (``resume``: start them again)."""
+        return await self._call("POST", f"/servers/{name}/drain", {"reason": reason, "resume": resume})
 
     # ---- views ----------------------------------------------------------------------------------
 

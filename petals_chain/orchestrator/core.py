@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +23,9 @@ from petals_chain.orchestrator.chains import ChainInfo, chain_infos
 from petals_chain.orchestrator.leases import Lease, LeaseManager
 from petals_chain.orchestrator.metrics import new_metrics_registry
 from petals_chain.orchestrator.registry import Registry, ServerRecord
+
+if TYPE_CHECKING:
+    from petals_chain.orchestrator.trust import Trust
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,7 @@ class Orchestrator:
         self._lock = asyncio.Lock()
         self._applied_generation = -1
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
+        self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)
@@ -112,6 +116,8 @@ class Orchestrator:
             rec = self.registry.servers.get(span.server)
             if rec is None or not rec.alive:
                 return False
+            if self.trust is not None and not self.trust.may_offer(span.server, span.start, span.end):
+                return False
             if self.offer_when_serving and not (
                 rec.serving is not None and rec.serving[0] <= span.start and span.end <= rec.serving[1]
             ):
@@ -126,6 +132,10 @@ class Orchestrator:
         if force or keys != self._offered:
             self._offered = keys
             self.leases.set_chains(ready or None, self.registry.version)
+
+    def refresh_offer(self) -> None:
+        """Offer what is ready now (after something outside the registry changed, e.g. trust in a server)."""
+        self._offer()
 
     @property
     def composed(self) -> list[ChainInfo]:
@@ -182,15 +192,16 @@ class Orchestrator:
     # ---- leases ---------------------------------------------------------------------------------
 
     async def report_failure(
-        self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None
+        self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None, reporter: str | None = None
     ) -> Lease:
-        """A client's chain broke at ``server``: mark it dead, recompose, and lease a replacement chain; the
-        request keeps its place in line (ahead of every request that arrived after it)."""
+        """A client's chain broke at ``server``: mark it dead (once the trust layer's probe confirms it), recompose,
+        and lease a replacement chain; the request keeps its place in line (ahead of every request after it)."""
         lease = self.leases.get(lease_id)
         if server not in {s.server for s in lease.chain.spans}:
             on_chain = [s.server for s in lease.chain.spans]
             raise BadRequestError(f"field 'server' = {server!r} is not on lease {lease_id!r}'s chain {on_chain}")
-        await self.server_failed(server, f"failure reported by lease {lease_id}")
+        if self.trust is None or await self.trust.confirm_failure(server, lease.client or reporter or "anonymous"):
+            await self.server_failed(server, f"failure reported by lease {lease_id}")
         if self.leases.has(lease_id):  # it may have expired while we recomposed
             self.leases.release(lease_id, failed=True)
         return await self.leases.acquire(timeout_s=timeout_s, ttl_s=ttl_s or lease.ttl_s, client=lease.client,

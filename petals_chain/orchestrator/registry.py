@@ -87,6 +87,7 @@ class ServerRecord:
     assignment: Assignment | None = None
     previous_assignment: Assignment | None = None
     serving: tuple[int, int] | None = None
+    pending: str = ""  # why it is held out of the composition (not yet seen in the DHT), "" once believed
 
     def spec(self) -> ServerSpec:
         """The ServerSpec the composition algorithms see."""
@@ -105,6 +106,7 @@ class ServerRecord:
             "dead_reason": self.dead_reason or None,
             "assignment": self.assignment.to_json() if self.assignment else None,
             "serving": span_json(*self.serving) if self.serving else None,
+            "pending": self.pending or None,
         }
 
 
@@ -175,6 +177,9 @@ class Registry:
         self.version = 0
         self.error: str | None = None  # why the last recomposition gave no composition
         self.generation = 0  # bumps on every change that calls for a recomposition
+        # With ``hold_new`` a server that registers anew (new name, a dead one back, another peer id) is held out of
+        # the composition (``pending``) until the orchestrator has seen its peer in the DHT (orchestrator/trust.py).
+        self.hold_new = False
 
     # ---- validation -------------------------------------------------------------------------
 
@@ -218,9 +223,18 @@ class Registry:
             rec = ServerRecord(name, memory, tp, tc, peer, addr, now_s)
             self.servers[name] = rec
             changed = True
+            if self.hold_new:
+                rec.pending = f"waiting to see peer {peer} in the DHT"
         else:
+            # A planned server (from a cluster file, never registered) keeps its place in the plan; the trust layer
+            # still offers its chains only once it is seen serving them.
+            held = (self.hold_new and not rec.pending and rec.last_heartbeat_s is not None
+                    and (not rec.alive or rec.peer_id != peer))
+            if held:
+                rec.pending = f"waiting to see peer {peer} in the DHT"
             changed = (
-                not rec.alive
+                held
+                or not rec.alive
                 or rec.memory_bytes != memory
                 or not math.isclose(rec.tau_p_s, tp, rel_tol=defaults.RECOMPOSE_REL_TOL)
                 or not math.isclose(rec.tau_c_s, tc, rel_tol=defaults.RECOMPOSE_REL_TOL,
@@ -317,6 +331,16 @@ class Registry:
             )
         return (start, end)
 
+    def believe(self, name: str) -> bool:
+        """A pending server has been seen in the DHT: it joins the next composition; True if it was pending."""
+        rec = self.get(name)
+        if not rec.pending:
+            return False
+        rec.pending = ""
+        if rec.alive:
+            self.generation += 1
+        return True
+
     def mark_dead(self, name: str, reason: str) -> bool:
         """Mark a server dead (it will be left out of the next composition); True if it was alive."""
         rec = self.get(name)
@@ -350,7 +374,7 @@ class Registry:
 
     def snapshot(self) -> tuple[int, tuple[ServerSpec, ...]]:
         """(generation, specs of the live servers): the input of one recomposition."""
-        return self.generation, tuple(r.spec() for r in self.alive())
+        return self.generation, tuple(r.spec() for r in self.alive() if not r.pending)
 
     def compute(self, specs: Sequence[ServerSpec]) -> Composition:
         """Run the composition pipeline on the given specs (pure; safe to call off the event loop)."""

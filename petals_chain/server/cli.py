@@ -41,7 +41,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "'auto' (on a CUDA device 0.7 GiB + one max-length prefill's activations; on a CPU 0); "
                         "M_j = budget - reserve is what blocks + KV cache get")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
-    p.add_argument("--token", default=None, help="orchestrator bearer token (or env PETALS_CHAIN_ORCH_TOKEN)")
+    p.add_argument("--token", default=None, help="the orchestrator's server token (or env PETALS_CHAIN_SERVER_TOKEN, "
+                                                 "else PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
     p.add_argument("--max-length", type=positive_int_arg, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
     p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -121,7 +122,9 @@ def build_server(args: argparse.Namespace) -> Any:
         )
     span = _parse_span(args.block_indices, sizes.num_blocks) if args.block_indices else None
     name = args.name or f"{os.uname().nodename.split('.')[0]}-{os.getpid()}"
-    token = args.token or os.environ.get("PETALS_CHAIN_ORCH_TOKEN") or None
+    from petals_chain.orchestrator.auth import role_token
+
+    token = role_token("server", args.token)
 
     orch = BlockingOrchestrator(args.orchestrator, token=token)
 

@@ -166,7 +166,7 @@ class OrchestratedServer(Server):
         try:
             a = self.orch.run(lambda c: c.heartbeat(self.profile.name, serving=span), timeout_s=defaults.CALL_TIMEOUT_S)
         except OrchestratorError as exc:
-            if exc.status in (404, 410):  # orchestrator restarted, or marked us dead: join again
+            if exc.status in (401, 404, 410):  # orchestrator restarted (forgot us or our secret), or buried us
                 log.warning("orchestrator answered %s (%s); registering again", exc.status, exc.message)
                 return self.register()
             if exc.status == 409:

@@ -29,7 +29,7 @@ def test_fluid_env_passes_gymnasium_checks():
 
 
 def test_ppo_improves_and_stays_near_the_ot_plan():
-    """The bar the issue sets: mean reward of the last 10 episodes at least 20 % above (less negative than) the first 10 %,
+    """The issue's bar: mean reward of the last 10 episodes at least 20 % above (less negative than) the first 10 %,
     and the deterministic policy ends within ε = 0.15 of the OT plan (mean Frobenius distance)."""
     torch.set_num_threads(1)
     sc = make_scenario("abilene", TINY, 1, slots=24)
