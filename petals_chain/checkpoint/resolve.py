@@ -65,3 +65,26 @@ def model_display_name(name_or_path: str | Path) -> str:
     """The name a model goes by in the swarm: a repository name as given, a directory by its last component."""
     name = str(name_or_path).strip().rstrip("/")
     return Path(name).name if looks_like_path(name) else name
+
+
+def seed_hub_cache(model_dir: str | Path, repo_id: str, cache_dir: str | Path) -> Path:
+    """Make a local checkpoint findable as ``repo_id`` in a Hugging Face cache (the hub's layout, files symlinked):
+    for machines that never reach the Hub, and for tests. Returns the snapshot directory."""
+    import hashlib
+
+    from huggingface_hub.utils import validate_repo_id
+
+    validate_repo_id(repo_id)
+    src = check_model_dir(model_dir)
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    revision = hashlib.sha1("\n".join([repo_id, *(f.name for f in files)]).encode()).hexdigest()
+    repo = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        link = snapshot / f.name
+        if not link.exists():
+            link.symlink_to(f)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
