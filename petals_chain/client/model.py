@@ -75,6 +75,21 @@ def close_client(model: Any) -> None:
                 manager.dht.shutdown()
 
 
+def _local_model(name_or_path: Any) -> Any:
+    """A directory, checked; a repository name, as its cached snapshot when offline (the same lookup as the servers'
+    and the orchestrator's), else as is for petals to fetch only what a client needs."""
+    from pathlib import Path
+
+    from petals_chain.checkpoint.resolve import hub_offline, looks_like_path, resolve_model
+    from petals_chain.checkpoint.sizing import check_model_dir
+
+    if not isinstance(name_or_path, (str, Path)):
+        return name_or_path
+    if looks_like_path(str(name_or_path)):
+        return str(check_model_dir(Path(name_or_path).expanduser()))
+    return str(resolve_model(name_or_path)) if hub_offline() else name_or_path
+
+
 class AutoDistributedModelForCausalLM:
     """petals' AutoDistributedModelForCausalLM, plus ``orchestrator=URL``: sessions lease chains via JFFC."""
 
@@ -94,21 +109,17 @@ class AutoDistributedModelForCausalLM:
         and prefix and, when no model is given, the model itself come from its ``GET /swarm``; the token defaults to
         the environment variable the servers read (``PETALS_CHAIN_ORCH_TOKEN``)."""
         import os
-        from pathlib import Path
 
         import petals
 
-        from petals_chain.checkpoint.resolve import looks_like_path
         from petals_chain.orchestrator.cli import TOKEN_ENV
 
         if orchestrator is None:
             if model_name_or_path is None:
                 raise SpecError("give a model, or orchestrator=URL to serve the orchestrator's model")
             return petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
-        if model_name_or_path is not None and looks_like_path(str(model_name_or_path)):
-            from petals_chain.checkpoint.sizing import check_model_dir
-
-            check_model_dir(Path(model_name_or_path).expanduser())
+        if model_name_or_path is not None:
+            model_name_or_path = _local_model(model_name_or_path)
         options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
         orch = BlockingOrchestrator(orchestrator, token=orchestrator_token or os.environ.get(TOKEN_ENV) or None)
         try:
@@ -125,10 +136,7 @@ class AutoDistributedModelForCausalLM:
                 if not model_name_or_path:
                     raise SpecError(f"the orchestrator at {orchestrator} serves {served.get('name')!r} without saying "
                                     "where it comes from (no --model there): pass the model directory or repository")
-                if looks_like_path(str(model_name_or_path)):  # the orchestrator's own directory must exist here
-                    from petals_chain.checkpoint.sizing import check_model_dir
-
-                    check_model_dir(Path(model_name_or_path).expanduser())
+                model_name_or_path = _local_model(model_name_or_path)  # a directory must exist on this machine too
             model = petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
             expected = served.get("num_blocks")
             if expected is not None and model.config.num_hidden_layers != expected:
