@@ -133,6 +133,8 @@ def checkpoint_model(args: argparse.Namespace) -> tuple[argparse.Namespace, dict
     from petals_chain.checkpoint.resolve import looks_like_path, model_display_name, resolve_model
     from petals_chain.checkpoint.sizing import block_sizes
 
+    if args.cluster:
+        raise SpecError(f"give --model or --cluster, not both ({args.cluster} sizes the model in its model section)")
     path = resolve_model(args.model)
     sizes = block_sizes(path, args.torch_dtype, args.max_length, args.quant_type)
     if args.model_blocks is not None and args.model_blocks != sizes.num_blocks:

@@ -40,6 +40,8 @@ def test_explicit_sizes_override_the_checkpoint_and_contradictions_are_refused()
     assert orch.registry.model.block_bytes == 20e6 and orch.registry.model.name == "smol"
     with pytest.raises(SpecError, match="--model-blocks 12 contradicts --model"):
         build_orchestrator(parse_args(["--model", str(SMOL), "--model-blocks", "12"]))
+    with pytest.raises(SpecError, match="give --model or --cluster, not both"):
+        build_orchestrator(parse_args(["--model", str(SMOL), "--cluster", "experiments/clusters/paper_default.yaml"]))
 
 
 @needs_smol
