@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sw = LocalSwarm(args.model_dir, plans, log_dir=out / "logs",
                         model_name=Path(args.model_dir).name, max_length=args.max_length,
                         arrival_rate=args.arrival_rate, c=args.c or None, job_input_tokens=48,
-                        job_output_tokens=new_tokens)
+                        job_output_tokens=new_tokens, size_from_model=True)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

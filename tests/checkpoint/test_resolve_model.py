@@ -68,3 +68,15 @@ def test_command_lines_refuse_an_unknown_model_in_one_line_exit_2(module: str, o
     assert out.returncode == 2, out.stderr
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "Warning" not in ln and "pytree" not in ln]
     assert len(lines) == 1 and "'nobody/no-such-model' was not found" in lines[0], out.stderr
+
+
+@needs_smol
+def test_the_client_looks_a_repository_up_as_the_servers_do(offline_cache: Path, tmp_path: Path) -> None:
+    """Offline, the leasing client loads a repository name from the same cache snapshot; a directory must exist."""
+    from petals_chain.client.model import _local_model
+
+    snapshot = seed_hub_cache(SMOL, REPO_ID, offline_cache)
+    assert _local_model(REPO_ID) == str(snapshot.resolve())
+    assert _local_model(str(SMOL)) == str(SMOL.resolve())
+    with pytest.raises(ModelDirError, match="does not exist"):
+        _local_model(str(tmp_path / "elsewhere"))
