@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from petals_chain.checkpoint.quant import BlockParams, block_param_bytes
 from petals_chain.model import SpecError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -58,11 +59,15 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def llama_block_bytes(shape: LlamaShape, dtype_bytes: int = 4) -> int:
-    """Weights of one decoder block: Q, O (h×h), K, V (h×h·kv/heads), gate/up/down (3·h·ffn), two RMSNorms (2·h)."""
-    kv_dim = shape.hidden * shape.kv_heads // shape.heads
-    params = 2 * shape.hidden * shape.hidden + 2 * shape.hidden * kv_dim + 3 * shape.hidden * shape.intermediate
-    return (params + 2 * shape.hidden) * dtype_bytes
+def llama_block_params(shape: LlamaShape) -> BlockParams:
+    """One decoder block's linears: Q, O (h×h), K, V (kv·h/heads × h), gate, up (ffn×h), down (h×ffn); two RMSNorms."""
+    h, kv_dim, ffn = shape.hidden, shape.hidden * shape.kv_heads // shape.heads, shape.intermediate
+    return BlockParams(((h, h), (kv_dim, h), (kv_dim, h), (h, h), (ffn, h), (ffn, h), (h, ffn)), 2 * h)
+
+
+def llama_block_bytes(shape: LlamaShape, dtype_bytes: int = 4, quant_type: str = "none") -> int:
+    """Weights of one decoder block in the compute dtype, or with its linears quantised (checkpoint.quant)."""
+    return block_param_bytes(llama_block_params(shape), dtype_bytes, quant_type)
 
 
 def llama_cache_bytes_per_token(shape: LlamaShape, dtype_bytes: int = 4) -> int:
@@ -70,12 +75,14 @@ def llama_cache_bytes_per_token(shape: LlamaShape, dtype_bytes: int = 4) -> int:
     return 2 * shape.hidden * shape.kv_heads // shape.heads * dtype_bytes
 
 
-def block_and_cache_bytes(shape: LlamaShape, dtype: str, cache_tokens: int) -> tuple[int, int]:
-    """(s_m, s_c): one block's weights and its KV cache for one job of ``cache_tokens`` tokens, in bytes."""
+def block_and_cache_bytes(shape: LlamaShape, dtype: str, cache_tokens: int,
+                          quant_type: str = "none") -> tuple[int, int]:
+    """(s_m, s_c): one block's weights (linears stored as ``quant_type``) and its KV cache (in ``dtype``) for one job
+    of ``cache_tokens`` tokens, in bytes."""
     if isinstance(cache_tokens, bool) or not isinstance(cache_tokens, int) or cache_tokens < 1:
         raise SpecError(f"cache_tokens must be a positive integer, got {cache_tokens!r}")
     width = dtype_bytes(dtype)
-    return llama_block_bytes(shape, width), llama_cache_bytes_per_token(shape, width) * cache_tokens
+    return llama_block_bytes(shape, width, quant_type), llama_cache_bytes_per_token(shape, width) * cache_tokens
 
 
 def paper_testbed_sizes() -> tuple[int, int]:

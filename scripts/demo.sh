@@ -2,7 +2,8 @@
 # The live demo: installs if needed, prepares SmolLM2-135M-Instruct, starts an orchestrated PETALS swarm on loopback
 # (orchestrator + DHT + 4 servers with different memory budgets), sends a burst of concurrent prompts through
 # JFFC-leased chains, prints each answer with its waiting/service time and chain plus the composition, writes
-# results/demo/{demo_requests.csv,demo_summary.json,demo_timeline.png}, and stops every process group it started.
+# runs/demo-<UTC time>/{demo_requests.csv,demo_summary.json,demo_timeline.png,logs/} (git-ignored, so the tree
+# stays clean), and stops every process group it started.
 # Usage: bash scripts/demo.sh [--quick] [--servers s1=600MB,s2=350MB,...] [--prompts N] [--max-new-tokens N]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,8 +1,9 @@
 """The memory model of a real checkpoint (paper §2.1): s_m, s_c, cache slots, the runtime reserve, a measured τp.
 
 A PETALS server and the orchestrator must agree on ``s_m`` (bytes of one block's
-parameters in the serving dtype) and ``s_c`` (KV-cache bytes of one block for one
-job of ``max_length`` tokens, PETALS' own formula), so both come from here.
+parameters in the serving dtype and quantisation, checkpoint.quant) and ``s_c`` (KV-cache
+bytes of one block for one job of ``max_length`` tokens, PETALS' own formula), so both come
+from here. The model is a directory or a Hugging Face repository name (checkpoint.resolve).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from petals_chain import defaults
+from petals_chain.checkpoint.quant import block_param_bytes, check_quant_type, count_block_params
 from petals_chain.compose.capacity import slots_left
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.model_shapes import DTYPE_BYTES
 from petals_chain.units import UnitError, parse_size
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # "auto": the checkpoint's own dtype, bfloat16 for float32 ones (as PETALS)
 MIN_PLAUSIBLE_BUDGET_BYTES = 1e6  # under 1 MB is a typo (missing unit), not a server
 MAX_PLAUSIBLE_BUDGET_BYTES = defaults.MAX_MEMORY_BYTES  # the same limit the orchestrator's registry applies
 
@@ -37,6 +40,7 @@ class BlockSizes:
     max_length: int
     dtype: str
     activation_bytes_per_token: int = 0  # transient bytes of one prefill token in one block: (3·d_ff + 8·d)·dtype
+    quant_type: str = "none"  # how the linear weights are stored (checkpoint.quant); the cache stays in ``dtype``
 
     def model_spec(self, name: str) -> ModelSpec:
         """The ModelSpec the orchestrator composes with."""
@@ -91,6 +95,14 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+def resolve_dtype(config, dtype: str) -> str:
+    """``--torch_dtype``: a dtype name as is; 'auto' as PETALS reads it (the checkpoint's, bfloat16 if float32)."""
+    if dtype != "auto":
+        return check_dtype(dtype)
+    own = str(getattr(config, "torch_dtype", None) or "auto").removeprefix("torch.")
+    return own if own in DTYPE_BYTES and own != "float32" else "bfloat16"
+
+
 def check_max_length(max_length: int) -> int:
     """Tokens per job (prompt + generated), the length each job's KV cache is sized for."""
     if isinstance(max_length, bool) or not isinstance(max_length, int) or not 1 <= max_length <= 1_000_000:
@@ -125,32 +137,39 @@ def parse_reserve(text: str) -> float:
 
 
 def load_config(model_dir: str | Path):
-    """The PETALS distributed config of a checkpoint (its block class, layer count, widths)."""
+    """The PETALS distributed config of a checkpoint directory or repository name (block class, layers, widths)."""
     from petals.utils.auto_config import AutoDistributedConfig
 
-    path = check_model_dir(model_dir)
+    from petals_chain.checkpoint.resolve import resolve_model
+
+    path = resolve_model(model_dir)
     try:
         return AutoDistributedConfig.from_pretrained(str(path))
     except ValueError as exc:  # unsupported model_type and the like
         raise ModelDirError(f"model directory {str(path)!r}: {exc}") from None
 
 
-def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int = defaults.MAX_LENGTH) -> BlockSizes:
-    """s_m and s_c of a checkpoint: parameters of one block (counted on empty weights) and PETALS' cache formula."""
+def block_sizes(model_dir: str | Path, dtype: str = "float32", max_length: int = defaults.MAX_LENGTH,
+                quant_type: str = "none") -> BlockSizes:
+    """s_m and s_c of a checkpoint (a directory or a repository name): one block's parameters (counted on empty
+    weights, linears stored as ``quant_type``) and PETALS' cache formula; ``dtype`` may be 'auto'."""
     from accelerate import init_empty_weights
 
-    check_dtype(dtype)
+    if dtype not in DTYPE_CHOICES:
+        raise SpecError(f"torch dtype must be one of {', '.join(DTYPE_CHOICES)}, got {dtype!r}")
+    check_quant_type(quant_type)
     check_max_length(max_length)
     config = load_config(model_dir)
+    dtype = resolve_dtype(config, dtype)
     with init_empty_weights(include_buffers=True):
-        block = config.block_class(config)
-        n_params = sum(p.numel() for p in block.parameters())
+        params = count_block_params(config.block_class(config))
     width = DTYPE_BYTES[dtype]
     kv_groups = getattr(config, "num_key_value_groups", 1) or 1
     cache_values = 2 * config.hidden_size * max_length // kv_groups
     d_ff = getattr(config, "intermediate_size", None) or 4 * config.hidden_size
-    return BlockSizes(config.num_hidden_layers, int(n_params * width), int(cache_values * width), max_length, dtype,
-                      activation_bytes_per_token=(3 * d_ff + 8 * config.hidden_size) * width)
+    return BlockSizes(config.num_hidden_layers, block_param_bytes(params, width, quant_type), int(cache_values * width),
+                      max_length, dtype, activation_bytes_per_token=(3 * d_ff + 8 * config.hidden_size) * width,
+                      quant_type=quant_type)
 
 
 def measure_tau_p(

@@ -75,13 +75,28 @@ def close_client(model: Any) -> None:
                 manager.dht.shutdown()
 
 
+def _local_model(name_or_path: Any) -> Any:
+    """A directory, checked; a repository name, as its cached snapshot when offline (the same lookup as the servers'
+    and the orchestrator's), else as is for petals to fetch only what a client needs."""
+    from pathlib import Path
+
+    from petals_chain.checkpoint.resolve import hub_offline, looks_like_path, resolve_model
+    from petals_chain.checkpoint.sizing import check_model_dir
+
+    if not isinstance(name_or_path, (str, Path)):
+        return name_or_path
+    if looks_like_path(str(name_or_path)):
+        return str(check_model_dir(Path(name_or_path).expanduser()))
+    return str(resolve_model(name_or_path)) if hub_offline() else name_or_path
+
+
 class AutoDistributedModelForCausalLM:
     """petals' AutoDistributedModelForCausalLM, plus ``orchestrator=URL``: sessions lease chains via JFFC."""
 
     @classmethod
     def from_pretrained(
         cls,
-        model_name_or_path: str,
+        model_name_or_path: str | None = None,
         *args: Any,
         orchestrator: str | None = None,
         orchestrator_token: str | None = None,
@@ -90,34 +105,38 @@ class AutoDistributedModelForCausalLM:
         client_label: str | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Load the client-side model; with ``orchestrator``, the DHT and prefix default to the orchestrator's."""
-        from pathlib import Path
-
+        """Load the client-side model. With ``orchestrator`` (its URL is all a client needs), the DHT's initial peers
+        and prefix and, when no model is given, the model itself come from its ``GET /swarm``; the token defaults to the
+        client credential's environment variable, then the shared one the servers read (``PETALS_CHAIN_ORCH_TOKEN``)."""
         import petals
 
         if orchestrator is None:
+            if model_name_or_path is None:
+                raise SpecError("give a model, or orchestrator=URL to serve the orchestrator's model")
             return petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
-        if isinstance(model_name_or_path, (str, Path)) and (
-            str(model_name_or_path).startswith((".", "/", "~")) or Path(model_name_or_path).exists()
-        ):
-            from petals_chain.checkpoint.sizing import check_model_dir
-
-            check_model_dir(Path(model_name_or_path).expanduser())
+        if model_name_or_path is not None:
+            model_name_or_path = _local_model(model_name_or_path)
         options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
         from petals_chain.orchestrator.auth import role_token
 
         orch = BlockingOrchestrator(orchestrator, token=role_token("client", orchestrator_token))
         try:
-            health = orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)
-            dht = health.get("dht") or {}
+            swarm = orch.run(lambda c: c.swarm(), timeout_s=defaults.CALL_TIMEOUT_S)
             if "initial_peers" not in kwargs:
-                if not dht.get("initial_peers"):
+                if not swarm.get("initial_peers"):
                     raise SpecError(f"the orchestrator at {orchestrator} runs no DHT; pass initial_peers=[...]")
-                kwargs["initial_peers"] = dht["initial_peers"]
-            if "dht_prefix" not in kwargs and dht.get("dht_prefix"):
-                kwargs["dht_prefix"] = dht["dht_prefix"]
+                kwargs["initial_peers"] = swarm["initial_peers"]
+            if "dht_prefix" not in kwargs and swarm.get("dht_prefix"):
+                kwargs["dht_prefix"] = swarm["dht_prefix"]
+            served = swarm.get("model") or {}
+            if model_name_or_path is None:
+                model_name_or_path = served.get("source")
+                if not model_name_or_path:
+                    raise SpecError(f"the orchestrator at {orchestrator} serves {served.get('name')!r} without saying "
+                                    "where it comes from (no --model there): pass the model directory or repository")
+                model_name_or_path = _local_model(model_name_or_path)  # a directory must exist on this machine too
             model = petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
-            expected = (health.get("model") or {}).get("num_blocks")
+            expected = served.get("num_blocks")
             if expected is not None and model.config.num_hidden_layers != expected:
                 raise SpecError(f"{model_name_or_path} has {model.config.num_hidden_layers} blocks but the "
                                 f"orchestrator composes for {expected}")

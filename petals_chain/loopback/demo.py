@@ -3,8 +3,9 @@
 Starts the orchestrator (with its DHT) and servers with different memory budgets,
 prints the composition the orchestrator chose for them (placement, chains, c_k, T_k),
 sends a burst of concurrent real prompts through leased chains, prints each answer
-with its waiting time, service time and chain, writes CSV/JSON/PNG, and tears every
-process group down (checking that none is left).
+with its waiting time, service time and chain, writes CSV/JSON/PNG and the processes' logs
+to a fresh run folder (``runs/demo-<UTC time>/``, ignored by git, so the tree stays clean),
+and tears every process group down (checking that none is left).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
+RUNS_DIR = REPO / "runs"  # git-ignored: every demo run gets its own folder here
 QUESTIONS = (
     "What is the capital of France?",
     "Name the three primary colors.",
@@ -74,9 +77,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=None,
                    help="concurrent requests in the burst (default: total capacity + 4, so that some must queue)")
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--out", default=str(REPO / "results" / "demo"), help="directory for CSV/JSON/PNG")
+    p.add_argument("--out", default=None,
+                   help="directory for CSV/JSON/PNG and logs (default: a fresh runs/demo-<UTC time>/)")
     p.add_argument("--quick", action="store_true", help="fewer new tokens (12) per prompt")
     return p.parse_args(argv)
+
+
+def fresh_run_dir(root: Path = RUNS_DIR, now: datetime | None = None) -> Path:
+    """A new, empty folder ``root/demo-YYYYmmdd-HHMMSS`` (UTC; ``-2``, ``-3``... if that second is taken)."""
+    stamp = (now or datetime.now(timezone.utc)).strftime("demo-%Y%m%d-%H%M%S")
+    for k in range(1, 1000):
+        path = root / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise SpecError(f"no free run folder for {stamp} under {root}")
 
 
 def say(t0: float, text: str) -> None:
@@ -211,10 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         new_tokens = 12 if args.quick else args.max_new_tokens
         if args.prompts is not None and not 1 <= args.prompts <= 64:
             raise SpecError(f"--prompts must be in 1..64, got {args.prompts}")
-        sw = LocalSwarm(args.model_dir, plans, log_dir=REPO / ".cache" / "demo-logs",
+        out = Path(args.out) if args.out else fresh_run_dir()
+        sw = LocalSwarm(args.model_dir, plans, log_dir=out / "logs",
                         model_name=Path(args.model_dir).name, max_length=args.max_length,
                         arrival_rate=args.arrival_rate, c=args.c or None, job_input_tokens=48,
-                        job_output_tokens=new_tokens)
+                        job_output_tokens=new_tokens, size_from_model=True)
     except (SpecError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -230,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     model = None
     try:
+        say(t0, f"run folder {out} (results and logs)")
         say(t0, "starting the orchestrator and its DHT")
         url = sw.start_orchestrator()
         say(t0, f"orchestrator at {url}; starting {len(plans)} servers: "
@@ -278,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = {"model_dir": str(shown_dir), "servers": [p.__dict__ for p in plans],
                    "composition": composition, "burst_s": burst_s, "per_chain": per_chain,
                    "requests": rows, "after": health}
-        for path in write_outputs(Path(args.out), rows, summary):
+        for path in write_outputs(out, rows, summary):
             say(t0, f"wrote {path}")
     except KeyboardInterrupt:
         say(t0, "interrupted")

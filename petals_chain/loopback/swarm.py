@@ -136,6 +136,8 @@ class LocalSwarm:
         server_args: tuple[str, ...] = (),
         orchestrator_extra: tuple[str, ...] = (),
         api_token: str | None = None,
+        size_from_model: bool = False,
+        token: str | None = None,
     ) -> None:
         names = [s.name for s in servers]
         if len(set(names)) != len(names):
@@ -154,6 +156,8 @@ class LocalSwarm:
         self.server_args = tuple(server_args)
         self.orchestrator_extra = tuple(orchestrator_extra)  # more orchestrator options (credentials, timeouts)
         self.api_token = api_token  # what get() sends (the operator's token when the orchestrator has roles)
+        self.size_from_model = size_from_model  # the orchestrator sizes the model itself (--model), as users run it
+        self.token = token  # the swarm's processes read it from their environment (PETALS_CHAIN_ORCH_TOKEN)
         self.procs: list[SwarmProcess] = []
         self.url: str | None = None
         self.started_pgids: list[int] = []
@@ -164,6 +168,8 @@ class LocalSwarm:
         """Start ``python args...`` in a new session (setsid), output to log_dir/name.log."""
         log_path = self.log_dir / f"{name}.log"
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore")
+        if self.token:
+            env["PETALS_CHAIN_ORCH_TOKEN"] = self.token
         with open(log_path, "wb") as log:
             popen = subprocess.Popen([self.python, *args], stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -174,10 +180,12 @@ class LocalSwarm:
 
     def orchestrator_args(self) -> list[str]:
         """Arguments of ``python -m petals_chain.orchestrator`` for this swarm (port 0: a free one)."""
+        model = (["--model", str(self.model_dir), "--torch_dtype", self.torch_dtype, "--max-length",
+                  str(self.sizes.max_length)] if self.size_from_model else
+                 ["--model-blocks", str(self.sizes.num_blocks), "--block-bytes", str(self.sizes.block_bytes),
+                  "--cache-bytes", str(self.sizes.cache_bytes)])
         args = [
-            "-m", "petals_chain.orchestrator", "--start-dht", "--port", "0",
-            "--model-name", self.model_name, "--model-blocks", str(self.sizes.num_blocks),
-            "--block-bytes", str(self.sizes.block_bytes), "--cache-bytes", str(self.sizes.cache_bytes),
+            "-m", "petals_chain.orchestrator", "--start-dht", "--port", "0", "--model-name", self.model_name, *model,
             "--arrival-rate", str(self.arrival_rate), "--target-load", str(self.target_load),
             "--lease-ttl-s", str(self.lease_ttl_s), "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
         ]
@@ -228,7 +236,7 @@ class LocalSwarm:
     def get(self, path: str, timeout_s: float = 10.0) -> Any:
         """GET a JSON route of the orchestrator."""
         assert self.url is not None
-        return http_json(self.url + path, timeout_s, token=self.api_token)
+        return http_json(self.url + path, timeout_s, token=self.api_token or self.token)
 
     def wait_ready(self, names: list[str], timeout_s: float = 300.0, stable_s: float = 3.0) -> dict[str, Any]:
         """Until the named servers are registered and alive, a composition exists, and every server with

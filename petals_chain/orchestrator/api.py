@@ -10,6 +10,7 @@ Routes (JSON unless noted; who may call each: :data:`petals_chain.orchestrator.a
 GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 200 once at least one chain is offered,
 503 until then, for a load balancer or Kubernetes) · GET /metrics (Prometheus text) · GET /chains · GET /queue ·
 GET /servers · GET /dashboard (the live page, HTML; open: it holds no data) · GET /dashboard.json (what it draws) ·
+GET /swarm (what a client needs to join: the DHT's initial peers and prefix, the model) ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} (answers the server's ``secret``) ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} · POST /servers/{name}/evict {reason?, resume?} ·
@@ -161,6 +162,14 @@ async def _ready(request: web.Request) -> web.Response:
     else:
         why = f"no composition yet ({h['servers_alive']} servers alive)"
     return _json({**reply, "status": 503, "error": f"not ready: no chain offered; {why}"}, status=503)
+
+
+async def _swarm(request: web.Request) -> web.Response:
+    """GET /swarm: the DHT's initial peers and prefix and the model served, so a client needs only the URL."""
+    orch = request.app[ORCH_KEY]
+    dht, model = orch.dht_info or {}, orch.registry.model
+    return _json({"initial_peers": dht.get("initial_peers") or [], "dht_prefix": dht.get("dht_prefix"),
+                  "model": {"name": model.name, "num_blocks": model.num_blocks, **(orch.model_source or {})}})
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -331,6 +340,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     app.router.add_get("/chains", _chains)
     app.router.add_get("/queue", _queue)
     app.router.add_get("/servers", _servers)
+    app.router.add_get("/swarm", _swarm)
     app.router.add_post("/servers/register", _register)
     app.router.add_post("/servers/heartbeat", _heartbeat)
     app.router.add_get("/servers/{name}/assignment", _assignment)

@@ -152,6 +152,7 @@ POLICY: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/queue"): (Role.CLIENT, Role.OPERATOR),
     ("GET", "/servers"): (Role.CLIENT, Role.SERVER, Role.OPERATOR),
     ("GET", "/dashboard.json"): (Role.CLIENT, Role.OPERATOR),  # what clients may read anyway: servers, chains, queue
+    ("GET", "/swarm"): (Role.CLIENT, Role.SERVER, Role.OPERATOR),  # initial peers and model: what joining needs
     ("POST", "/servers/register"): (Role.SERVER,),  # re-registering a live name also needs that server's secret
     ("POST", "/servers/heartbeat"): (SELF,),
     ("GET", "/servers/{name}/assignment"): (SELF, Role.OPERATOR),

@@ -1,8 +1,10 @@
 """``python -m petals_chain.orchestrator``: run the chain orchestrator's HTTP/JSON API.
 
-The model comes from ``--cluster FILE`` (which also lists planned servers and the
-load) or from ``--model-blocks/--block-bytes/--cache-bytes``; servers then
-register over HTTP and the composition follows them. ``--method`` picks the
+The model comes from ``--model`` (a checkpoint directory or Hugging Face repository name, sized
+with ``--torch_dtype``, ``--quant_type`` and ``--max-length`` as the servers size it), from
+``--cluster FILE`` (which also lists planned servers and the load) or from
+``--model-blocks/--block-bytes/--cache-bytes`` (which override the checkpoint's figures);
+servers then register over HTTP and the composition follows them. ``--method`` picks the
 serving method from :data:`petals_chain.compose.methods.METHODS`: its composer, and
 JFFC leases over fixed chains or a WS-RR route per request. Bad arguments print
 one line and exit with code 2.
@@ -20,6 +22,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from petals_chain import defaults
+from petals_chain.checkpoint.quant import QUANT_TYPES
+from petals_chain.checkpoint.sizing import DTYPE_CHOICES
 from petals_chain.compose.methods import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.orchestrator.auth import ROLE_ENV, SHARED_ENV, Credentials
@@ -57,13 +61,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "(default proposed; PETALS routes by itself and needs no orchestrator)")
     m = p.add_argument_group("model and load (or --cluster)")
     m.add_argument("--cluster", help="cluster YAML/JSON: model, load and planned servers")
+    m.add_argument("--model", default=None, metavar="MODEL",
+                   help="checkpoint directory or Hugging Face repository name (from the local cache with "
+                        "HF_HUB_OFFLINE=1): L, s_m and s_c come from its config, as the servers derive them")
+    m.add_argument("--torch_dtype", "--torch-dtype", dest="torch_dtype", default="float32", choices=DTYPE_CHOICES,
+                   help="the servers' dtype, for s_m and s_c of --model (default float32)")
+    m.add_argument("--quant_type", "--quant-type", dest="quant_type", default="none", choices=QUANT_TYPES,
+                   help="the servers' weight quantisation, for s_m of --model (default none)")
+    m.add_argument("--max-length", "--max_length", dest="max_length", type=positive_int_arg,
+                   default=defaults.MAX_LENGTH, help="tokens per job each KV cache slot holds, for s_c of --model")
     m.add_argument("--model-blocks", type=positive_int_arg, help="L, the number of transformer blocks")
     m.add_argument("--block-bytes", type=size_range(gt=0), metavar="SIZE",
                    help="s_m, parameters per block (bytes, or e.g. 0.405GB; with --cluster: its exact value, "
                         "agreeing with the file's rounded block size)")
     m.add_argument("--cache-bytes", type=size_range(gt=0), metavar="SIZE",
                    help="s_c, KV cache per block per job (bytes, or e.g. 64MiB; with --cluster: likewise)")
-    m.add_argument("--model-name", default="model")
+    m.add_argument("--model-name", default=None, help="the model's name in the swarm (default: from --model, else "
+                                                          "'model'); the DHT prefix follows it")
     m.add_argument("--arrival-rate", type=positive_float_arg,
                    help=f"λ the composition is sized for, requests/s (default {defaults.ARRIVAL_RATE})")
     m.add_argument("--target-load", type=fraction_arg, help=f"ρ̄, target utilisation (default {defaults.TARGET_LOAD})")
@@ -128,6 +142,30 @@ def exact_sizes(args: argparse.Namespace, model: ModelSpec) -> ModelSpec:
     return model
 
 
+def checkpoint_model(args: argparse.Namespace) -> tuple[argparse.Namespace, dict[str, Any] | None]:
+    """With ``--model``: the arguments with L, s_m, s_c and the name filled in from the checkpoint (where not given),
+    and what GET /swarm tells clients about it; without, the arguments as they are and None."""
+    if args.model is None:
+        return (args if args.model_name else argparse.Namespace(**{**vars(args), "model_name": "model"})), None
+    from petals_chain.checkpoint.resolve import looks_like_path, model_display_name, resolve_model
+    from petals_chain.checkpoint.sizing import block_sizes
+
+    if args.cluster:
+        raise SpecError(f"give --model or --cluster, not both ({args.cluster} sizes the model in its model section)")
+    path = resolve_model(args.model)
+    sizes = block_sizes(path, args.torch_dtype, args.max_length, args.quant_type)
+    if args.model_blocks is not None and args.model_blocks != sizes.num_blocks:
+        raise SpecError(f"--model-blocks {args.model_blocks} contradicts --model {args.model}: it has "
+                        f"{sizes.num_blocks} blocks")
+    filled = {"model_blocks": sizes.num_blocks, "block_bytes": args.block_bytes or float(sizes.block_bytes),
+              "cache_bytes": args.cache_bytes or float(sizes.cache_bytes),
+              "model_name": args.model_name or model_display_name(args.model)}
+    source = str(path) if looks_like_path(args.model) else args.model
+    info = {"source": source, "torch_dtype": sizes.dtype, "quant_type": sizes.quant_type,
+            "max_length": sizes.max_length}
+    return argparse.Namespace(**{**vars(args), **filled}), info
+
+
 def build_registry(args: argparse.Namespace, method: Method | None = None) -> tuple[Registry, list]:
     """The registry for the model and load the arguments describe (composed the method's way), the planned servers."""
     method = method or live_method(args.method, orchestrated=True, field="--method")
@@ -168,6 +206,7 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
     from petals_chain.orchestrator.core import Orchestrator
 
     method = live_method(args.method, orchestrated=True, field="--method")
+    args, model_source = checkpoint_model(args)
     registry, planned = build_registry(args, method)
     if args.pin_cluster_times and not args.cluster:
         raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
@@ -180,6 +219,7 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
         offer_when_serving=not args.offer_unready_chains,
         lease_manager=LEASE_MANAGERS[method.routing],
     )
+    orch.model_source = model_source
     if planned:
         orch.recompose_now()
         if registry.composition is None:
@@ -202,7 +242,7 @@ async def _run(args: argparse.Namespace) -> None:
     if args.initial_peers or args.start_dht:
         from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
 
-        prefix = dht_prefix_for(args.dht_prefix or registry.model.name)
+        prefix = dht_prefix_for(args.dht_prefix or registry.model.name.split("/")[-1])  # a repository: its last part
         dht = start_dht(args.initial_peers, args.dht_host_maddrs)
         orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
         print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)

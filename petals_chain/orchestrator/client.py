@@ -219,6 +219,10 @@ class OrchestratorClient:
         """Liveness and a summary of composition and load."""
         return await self._call("GET", "/health")
 
+    async def swarm(self) -> dict[str, Any]:
+        """GET /swarm: the DHT's initial peers and prefix, and the model the swarm serves."""
+        return await self._call("GET", "/swarm")
+
     async def chains(self) -> dict[str, Any]:
         """The offered chains with capacity and occupancy."""
         return await self._call("GET", "/chains")

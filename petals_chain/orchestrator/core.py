@@ -70,6 +70,7 @@ class Orchestrator:
         self._applied_generation = -1
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
         self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
+        self.model_source: dict[str, Any] | None = None  # with --model: {"source", "torch_dtype", "quant_type", ...}
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)

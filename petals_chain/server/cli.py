@@ -1,10 +1,12 @@
-"""``python -m petals_chain.server MODEL_DIR --orchestrator URL --memory-budget 20GB``: one orchestrated PETALS server.
+"""``python -m petals_chain.server MODEL --orchestrator URL --memory-budget 20GB``: one orchestrated PETALS server.
 
 It measures its per-block time τp on this machine and its round trip to the
 orchestrator (→ τc), registers with its memory budget, serves exactly the span the
 orchestrator assigns (reloading when reassigned) with a KV cache of
 ⌊(M − s_m·m)/s_c⌋ block-job slots. The DHT's address and the model's DHT prefix come
-from the orchestrator unless given. Bad input prints one line and exits with code 2.
+from the orchestrator unless given. MODEL is a checkpoint directory or a Hugging Face
+repository name, and PETALS' own server options carry over (server.petals_options).
+Bad input prints one line and exits with code 2.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.cli_args import EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, positive_int_arg
+from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
 
 
@@ -32,7 +35,9 @@ def _reserve(text: str) -> float | None:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; sizes and durations take units (20GB, 512MB; 500ms, 2s); bare numbers: bytes, seconds."""
     p = OneLineParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
-    p.add_argument("model_dir", help="local Hugging Face checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("model_dir", metavar="MODEL",
+                   help="checkpoint directory (config.json + weights) or Hugging Face repository name (from the local "
+                        "cache when HF_HUB_OFFLINE=1, the default here)")
     p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
     p.add_argument("--memory-budget", required=True, type=checked_text(parse_size, "size"),
                    help="memory of this server, e.g. 20GB or 300MB")
@@ -45,8 +50,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                                  "else PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
     p.add_argument("--max-length", type=positive_int_arg, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
-    p.add_argument("--torch-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="cpu")
     p.add_argument("--job-input-tokens", type=positive_int_arg, default=defaults.JOB_INPUT_TOKENS,
                    help="l_in of the job τp is measured for")
     p.add_argument("--job-output-tokens", type=positive_int_arg, default=defaults.JOB_OUTPUT_TOKENS,
@@ -55,12 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="use this per-block time (e.g. 120ms) instead of measuring it (an emulated slower device)")
     p.add_argument("--block-indices", default=None,
                    help="serve exactly start:end, only if the orchestrator assigned it (else exit with its refusal)")
-    p.add_argument("--initial-peers", nargs="*", default=None, help="DHT multiaddrs (default: the orchestrator's)")
-    p.add_argument("--dht-prefix", default=None, help="PETALS DHT prefix (default: the orchestrator's)")
-    p.add_argument("--host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"],
-                   help="where the server's p2p node listens (default: loopback, a free port)")
-    p.add_argument("--announce-maddrs", nargs="*", default=None)
-    p.add_argument("--num-handlers", type=positive_int_arg, default=1, help="petals connection-handler processes")
+    p.add_argument("--dht-prefix", "--dht_prefix", dest="dht_prefix", default=None,
+                   help="PETALS DHT prefix (default: the orchestrator's)")
     p.add_argument("--torch-threads", type=positive_int_arg, default=1, help="torch CPU threads of this server")
     p.add_argument("--heartbeat-period", "--heartbeat-period-s", dest="heartbeat_period_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.HEARTBEAT_PERIOD_S)
@@ -73,6 +72,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout", "--request-timeout-s", dest="request_timeout_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.SERVER_REQUEST_TIMEOUT_S)
     p.add_argument("--log-level", default="INFO")
+    add_petals_options(p)
     return p.parse_args(argv)
 
 
@@ -95,10 +95,14 @@ def _positive(name: str, value: float | None) -> None:
 
 def build_server(args: argparse.Namespace) -> Any:
     """Validate everything, measure, start the DHT node, register: the OrchestratedServer ready to run()."""
-    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, measure_tau_p, parse_budget, parse_reserve
+    from petals_chain.checkpoint.resolve import resolve_model
+    from petals_chain.checkpoint.sizing import block_sizes, measure_tau_p, parse_budget, parse_reserve
+    from petals_chain.server.petals_options import check_quant_device, listen_maddrs
 
     memory = parse_budget(args.memory_budget)  # the options first, before petals is imported: one clean line
-    model_dir = check_model_dir(args.model_dir)
+    check_quant_device(args.quant_type, args.device)
+    listen_maddrs(args)
+    model_dir = resolve_model(args.model_dir)
     from petals_chain.service_time import Workload
     from petals_chain.orchestrator.blocking import BlockingOrchestrator
     from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
@@ -110,7 +114,7 @@ def build_server(args: argparse.Namespace) -> Any:
         raise SpecError("--job-input-tokens and --job-output-tokens must be >= 1")
     if args.job_input_tokens + args.job_output_tokens > args.max_length:
         raise SpecError(f"--job-input-tokens + --job-output-tokens exceed --max-length {args.max_length}")
-    sizes = block_sizes(model_dir, args.torch_dtype, args.max_length)
+    sizes = block_sizes(model_dir, args.torch_dtype, args.max_length, args.quant_type)
     reserve = sizes.runtime_reserve_bytes(args.device) if args.reserve == "auto" else parse_reserve(args.reserve)
     budget, memory = memory, memory - reserve
     need = sizes.block_bytes + sizes.cache_bytes
@@ -141,8 +145,7 @@ def build_server(args: argparse.Namespace) -> Any:
 
     torch.set_num_threads(max(1, args.torch_threads))
     workload = Workload(args.job_input_tokens, args.job_output_tokens)
-    tau_p_s = args.tau_p_s or measure_tau_p(model_dir, args.torch_dtype, args.job_input_tokens,
-                                            args.job_output_tokens)
+    tau_p_s = args.tau_p_s or measure_tau_p(model_dir, sizes.dtype, args.job_input_tokens, args.job_output_tokens)
     profile = profile_server(orch, name, memory, tau_p_s, workload)
     server = OrchestratedServer(
         orchestrator=orch,
@@ -151,22 +154,8 @@ def build_server(args: argparse.Namespace) -> Any:
         fixed_span=span,
         heartbeat_period_s=args.heartbeat_period_s,
         settle_s=args.settle_s,
-        initial_peers=list(peers),
-        dht_prefix=prefix,
-        converted_model_name_or_path=str(model_dir),
-        throughput=1.0 / tau_p_s,
-        num_handlers=args.num_handlers,
-        attn_cache_tokens=args.max_length,
-        torch_dtype=args.torch_dtype,
-        device=args.device,
-        host_maddrs=args.host_maddrs,
-        announce_maddrs=args.announce_maddrs,
-        update_period=args.update_period_s,
-        request_timeout=args.request_timeout_s,
-        reachable_via_relay=False,
-        use_relay=False,
-        use_auto_relay=False,
-        skip_reachability_check=True,
+        **petals_server_kwargs(args, sizes, model_path=str(model_dir), initial_peers=peers, dht_prefix=prefix,
+                               tau_p_s=tau_p_s),
     )
     try:
         server.register()

@@ -79,7 +79,7 @@ def check_against_orchestrator(health: dict[str, Any], sizes: BlockSizes) -> Non
     if problems:
         raise SpecError(
             f"the orchestrator composes for model {model.get('name')!r} but this checkpoint differs: "
-            f"{'; '.join(problems)} (same model dir, --torch-dtype and --max-length on both sides?)"
+            f"{'; '.join(problems)} (same model, --torch_dtype, --quant_type and --max-length on both sides?)"
         )
 
 

@@ -1,0 +1,1 @@
+"""Tests of the orchestrated PETALS server command line."""
