@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,41 +20,12 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 from petals.client.inference_session import _ServerInferenceSession
 
+from petals_chain.client.drafts import Drafter, WidthError, check_width, prompt_lookup_draft
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
-from petals_chain.model import SpecError
 
-MAX_WIDTH = 32  # positions per step; the experiments use 1..8
-Drafter = Callable[[Sequence[int], int], list[int]]
-
-
-class WidthError(SpecError):
-    """A speculative width (positions verified per step) outside 1..MAX_WIDTH, or a bad draft setting."""
-
-
-def check_width(width: Any, field_name: str = "width", max_width: int = MAX_WIDTH) -> int:
-    """``width`` as an int in 1..max_width; WidthError naming the field otherwise (1 = plain greedy decoding)."""
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= max_width:
-        raise WidthError(f"{field_name}: must be an integer in 1..{max_width} (positions verified per step; "
-                         f"1 = plain greedy decoding), got {width!r}")
-    return width
-
-
-def prompt_lookup_draft(tokens: Sequence[int], count: int, max_ngram: int = 3) -> list[int]:
-    """Up to ``count`` tokens that followed the latest earlier occurrence of the text's last n tokens, trying
-    n = max_ngram down to 1 (prompt lookup decoding); [] when nothing matches."""
-    if count <= 0:
-        return []
-    seq = list(tokens)
-    n_tokens = len(seq)
-    for n in range(min(max_ngram, n_tokens - 1), 0, -1):
-        tail = seq[n_tokens - n:]
-        for start in range(n_tokens - n - 1, -1, -1):  # latest match first, never the tail itself
-            if seq[start:start + n] == tail:
-                follow = seq[start + n:start + n + count]
-                if follow:
-                    return follow
-    return []
+__all__ = ["RollbackServerSession", "SpeculativeSession", "SpeculativeStats", "WidthError", "check_width",
+           "open_speculative_session", "prompt_lookup_draft", "speculative_generate"]
 
 
 class RollbackServerSession(_ServerInferenceSession):
