@@ -20,6 +20,7 @@ EXPERIMENTS: dict[str, str] = {
     "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
     "moldable-table1": "moldable_table1",  # moldable jobs (docs/moldable.md); writes results/moldable_table1.*
     "moldable-fig2": "moldable_fig2",
+    "moldable-live": "moldable_live",  # live: SmolLM2 on a loopback swarm, speculative width (docs/moldable.md)
     "mell-fig6": "mell_fig6",
     "mell-fig11": "mell_fig11",
     "mell-fig12": "mell_fig12",

@@ -29,6 +29,7 @@ def swarm_model(tmp_path_factory: pytest.TempPathFactory):
     if not (SMOLLM2 / "model.safetensors").is_file():
         pytest.fail(f"{SMOLLM2} is missing: run scripts/prepare_model.sh")
     from petals_chain import AutoDistributedModelForCausalLM
+    from petals_chain.client.model import close_client
 
     plans = [ServerPlan("a", "260MB"), ServerPlan("b", "260MB")]
     with LocalSwarm(SMOLLM2, plans, log_dir=tmp_path_factory.mktemp("spec-logs"), model_name="SmolLM2-135M-Instruct",
@@ -38,7 +39,7 @@ def swarm_model(tmp_path_factory: pytest.TempPathFactory):
         try:
             yield sw, model
         finally:
-            model.orchestrator.close()
+            close_client(model)
     assert all(not group_members(pg) for pg in sw.started_pgids)
 
 
