@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from petals_chain import defaults
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, write_csv
@@ -52,14 +53,17 @@ def run(args) -> Summary:
             speedup = fit_speedup(calib)
             t1 = calib[0]["service_s"]
             sessions = []
-            for load in loads:
-                for policy, child in zip(POLICIES, seq.spawn(len(POLICIES))):
-                    rng_arrivals, rng_width = (np.random.default_rng(s) for s in child.spawn(2))
-                    chooser = WidthChooser(UNITS, speedup, policy, rng_width, mean_size_s=t1,
-                                           mean_interarrival_s=t1 / (load * UNITS), headroom=HEADROOM)
-                    rate = load * UNITS / t1
-                    sessions += [r.row() for r in serve_load(model, tok, chooser, load, rate, window_s, new_tokens,
-                                                             RTT_S, rng_arrivals, prompts)]
+            cells = []
+            for load, per_load in zip(loads, seq.spawn(len(loads))):
+                arrivals, *widths = per_load.spawn(1 + len(POLICIES))  # the same arrivals for every policy
+                cells += [(load, policy, arrivals, w) for policy, w in zip(POLICIES, widths)]
+            for load, policy, arrivals, width_seed in tqdm(cells, desc="load × policy cells"):
+                rng_arrivals, rng_width = np.random.default_rng(arrivals), np.random.default_rng(width_seed)
+                chooser = WidthChooser(UNITS, speedup, policy, rng_width, mean_size_s=t1,
+                                       mean_interarrival_s=t1 / (load * UNITS), headroom=HEADROOM)
+                rate = load * UNITS / t1
+                sessions += [r.row() for r in serve_load(model, tok, chooser, load, rate, window_s, new_tokens,
+                                                         RTT_S, rng_arrivals, prompts)]
         finally:
             close_client(model)
     for row in calib:
