@@ -17,7 +17,7 @@ from petals_chain.orchestrator.width import POLICIES, WidthChooser, policy_proba
 
 NAME = "moldable_live"
 MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
-RTT_S = 0.1  # emulated round trip, client to each server, per step
+RTT_S = 0.25  # emulated round trip, client to each server, per step (a WAN swarm: round trips dominate)
 UNITS = 8  # width units of the swarm: a session of width k holds k of them
 WIDTHS = tuple(range(1, 9))
 HEADROOM = defaults.TARGET_LOAD
@@ -35,7 +35,7 @@ def run(args) -> Summary:
     if not (MODEL / "model.safetensors").is_file():
         raise SpecError(f"model: {MODEL} is missing; run scripts/prepare_model.sh")
     if args.quick:
-        prompts, new_tokens, loads, window_s = PROMPTS[:3], 24, (0.25, 0.7), 40.0
+        prompts, new_tokens, loads, window_s = PROMPTS[:3], 24, (0.3, 0.7), 60.0
     else:
         prompts, new_tokens, loads, window_s = PROMPTS, 32, (0.2, 0.45, 0.7), 90.0
     seq = np.random.SeedSequence(args.seed)
