@@ -4,6 +4,7 @@ against fixed k = 1 and fixed maximum k; SmolLM2-135M over two loopback servers 
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -11,11 +12,13 @@ import numpy as np
 from tqdm import tqdm
 
 from petals_chain import defaults
-from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, write_csv
+from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, read_csv, replotting, write_csv
 from petals_chain.model import SpecError
+from petals_chain.moldable.speedup import SpeedUp, concave_hull
 from petals_chain.orchestrator.width import POLICIES, WidthChooser, policy_probabilities
 
 NAME = "moldable_live"
+REPLOT = True  # `--replot` redraws moldable_live.png and its README section from the saved CSVs
 MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
 RTT_S = 0.25  # emulated round trip, client to each server, per step (a WAN swarm: round trips dominate)
 UNITS = 8  # width units of the swarm: a session of width k holds k of them
@@ -24,33 +27,48 @@ HEADROOM = defaults.TARGET_LOAD
 
 
 def run(args) -> Summary:
-    """Start the swarm, measure s(k), then serve each load under each policy (quick: fewer prompts, 2 loads)."""
+    """Start the swarm, measure s(k), then serve each load under each policy (quick: fewer prompts, 2 loads);
+    ``--replot`` redraws the PNG and the README section from the saved CSVs."""
+    if args.quick:
+        n_prompts, new_tokens, loads, window_s = 3, 24, (0.3, 0.7), 60.0
+    else:
+        n_prompts, new_tokens, loads, window_s = 6, 32, (0.2, 0.45, 0.7), 90.0
+    settings = (new_tokens, window_s, n_prompts)
+    if replotting(args):
+        saved = args.out / f"{NAME}.json"
+        chain = json.loads(saved.read_text())["data"].get("chain", "?") if saved.is_file() else "?"
+        return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
+                       read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings)
+    calib, sessions, chain = _live(args, n_prompts, new_tokens, loads, window_s)
+    return _report(args, calib, sessions, chain, settings)
+
+
+def _live(args, n_prompts: int, new_tokens: int, loads: tuple[float, ...],
+          window_s: float) -> tuple[list[dict], list[dict], str]:
+    """The live part: swarm up, s(k) calibration, every (load, policy) cell; the rows and the chain served."""
     from transformers import AutoTokenizer
 
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
-    from petals_chain.loopback.speculative_load import PROMPTS, fit_speedup, measure_speedup, serve_load
+    from petals_chain.loopback.speculative_load import PROMPTS, measure_speedup, serve_load
     from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
 
     if not (MODEL / "model.safetensors").is_file():
         raise SpecError(f"model: {MODEL} is missing; run scripts/prepare_model.sh")
-    if args.quick:
-        prompts, new_tokens, loads, window_s = PROMPTS[:3], 24, (0.3, 0.7), 60.0
-    else:
-        prompts, new_tokens, loads, window_s = PROMPTS, 32, (0.2, 0.45, 0.7), 90.0
+    prompts = PROMPTS[:n_prompts]
     seq = np.random.SeedSequence(args.seed)
     plans = [ServerPlan("a", "260MB"), ServerPlan("b", "260MB")]
     with tempfile.TemporaryDirectory(prefix="moldable-live-") as logs, \
             LocalSwarm(MODEL, plans, log_dir=Path(logs), model_name="SmolLM2-135M-Instruct", max_length=128,
                        arrival_rate=0.2, c=UNITS) as sw:
         sw.start(timeout_s=600)
-        chains = sw.get("/chains")["chains"]
+        spans = sw.get("/chains")["chains"][0]["spans"]
         model = AutoDistributedModelForCausalLM.from_pretrained(str(MODEL), orchestrator=sw.url,
                                                                lease_timeout_s=600.0)
         tok = AutoTokenizer.from_pretrained(str(MODEL))
         try:
             calib = measure_speedup(model, tok, WIDTHS, new_tokens, RTT_S, prompts=prompts)
-            speedup = fit_speedup(calib)
+            speedup = fit(calib)
             t1 = calib[0]["service_s"]
             sessions = []
             cells = []
@@ -66,19 +84,30 @@ def run(args) -> Summary:
                                                          RTT_S, rng_arrivals, prompts)]
         finally:
             close_client(model)
+    return calib, sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
+
+
+def fit(calib: list[dict]) -> SpeedUp:
+    """The concave hull of the measured tokens per second, normalised to width 1."""
+    return concave_hull([int(r["width"]) for r in calib], [r["tokens_per_s"] for r in calib])
+
+
+def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int]) -> Summary:
+    """Fit, summarise, write the CSVs (not when replotting) and the PNG; the Summary for results/README.md."""
+    speedup = fit(calib)
     for row in calib:
-        row["fitted_speedup"] = speedup.s[row["width"] - 1] if row["width"] <= speedup.d else float("nan")
+        w = int(row["width"])
+        row["fitted_speedup"] = speedup.s[w - 1] if w <= speedup.d else float("nan")
     rows = _summarise(sessions, speedup)
+    if not replotting(args):
+        write_csv(args.out / f"{NAME}_speedup.csv", calib)
+        write_csv(args.out / f"{NAME}_sessions.csv", sessions)
     write_csv(args.out / f"{NAME}.csv", rows)
-    write_csv(args.out / f"{NAME}_speedup.csv", calib)
-    write_csv(args.out / f"{NAME}_sessions.csv", sessions)
     _plot(calib, speedup, rows, args.out / f"{NAME}.png")
-    hops = " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in chains[0]["spans"])
     return Summary(NAME, "speculative width by greedy(p*) on a live swarm",
                    f"python -m petals_chain.experiments moldable-live{' --quick' if args.quick else ''} "
-                   f"--seed {args.seed}",
-                   _lines(calib, speedup, rows, hops, new_tokens, window_s, len(prompts)),
-                   data={"speedup": list(speedup.s), "rows": rows, "calibration": calib})
+                   f"--seed {args.seed}", _lines(calib, speedup, rows, chain, *settings),
+                   data={"speedup": list(speedup.s), "chain": chain, "rows": rows, "calibration": calib})
 
 
 def _summarise(sessions: list[dict], speedup) -> list[dict]:
@@ -119,17 +148,25 @@ def _lines(calib: list[dict], speedup, rows: list[dict], hops: str, new_tokens: 
             f"{r['tokens_per_s']:.2f} tok/s, width {r['mean_width']:.2f}, n = {r['sessions']}"
             for p, r in cell.items()))
         if len(cell) == len(POLICIES):
-            best_fixed = min(("fixed-1", "fixed-max"), key=lambda p: cell[p]["response_s"])
-            g, f = cell["greedy-p"], cell[best_fixed]
-            gap = (g["response_s"] - f["response_s"]) / f["response_s"]
-            if gap < -0.05:
-                verdict = f"greedy(p*) helps: {-gap:.0%} lower mean response than the best fixed width ({best_fixed})"
-            elif gap > 0.05:
-                verdict = f"greedy(p*) does NOT help: {gap:.0%} higher mean response than {best_fixed}"
-            else:
-                verdict = f"greedy(p*) ties with {best_fixed} (within 5 %)"
-            out.append(f"load {load:.2f}: {verdict}")
+            out.append(f"load {load:.2f}: {verdict(cell)}")
     return out
+
+
+def verdict(cell: dict[str, dict]) -> str:
+    """greedy(p*) against the better fixed width at one load, by mean response time: 'helps' or 'does NOT help'
+    only when the difference exceeds the two 95 % intervals combined (NaN intervals count as unknown: no verdict)."""
+    best = min(("fixed-1", "fixed-max"), key=lambda p: cell[p]["response_s"])
+    g, f = cell["greedy-p"], cell[best]
+    diff = g["response_s"] - f["response_s"]
+    noise = float(np.hypot(g["response_ci_s"], f["response_ci_s"]))
+    rel = diff / f["response_s"]
+    if not np.isfinite(noise):
+        return f"too few sessions to compare greedy(p*) with {best} ({rel:+.0%} mean response)"
+    if diff < -noise:
+        return f"greedy(p*) helps: {-rel:.0%} lower mean response than the better fixed width ({best})"
+    if diff > noise:
+        return f"greedy(p*) does NOT help: {rel:.0%} higher mean response than {best}"
+    return f"no clear difference between greedy(p*) and {best} ({rel:+.0%}, within the 95 % intervals)"
 
 
 def _plot(calib: list[dict], speedup, rows: list[dict], path: Path) -> None:

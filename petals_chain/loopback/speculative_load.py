@@ -1,4 +1,4 @@
-"""Speculative decoding on a loopback swarm: measure the speed-up s(k) of the width k, then serve Poisson arrivals
+"""Speculative decoding on a loopback swarm: measure the tokens per second at each width k, then serve Poisson arrivals
 whose widths a WidthChooser picks (greedy(p*), fixed 1, fixed max), recording every session
 (docs/moldable.md, "Speculative width on the swarm")."""
 
@@ -13,7 +13,6 @@ import numpy as np
 from tqdm import tqdm
 
 from petals_chain.client.speculative import open_speculative_session, speculative_generate
-from petals_chain.moldable.speedup import SpeedUp, concave_hull
 from petals_chain.orchestrator.width import WidthChooser
 
 # Prompts where looking the next tokens up in the text helps some of the time: copying, lists, code edits.
@@ -82,11 +81,6 @@ def measure_speedup(model, tokenizer, widths: Sequence[int], new_tokens: int, rt
                      "tokens_per_step": tokens / steps, "service_s": elapsed / len(st),
                      "accept_rate": sum(s.accepted for s in st) / max(1, sum(s.drafted for s in st))})
     return rows
-
-
-def fit_speedup(rows: Sequence[dict]) -> SpeedUp:
-    """The concave hull of the measured tokens per second, normalised to width 1."""
-    return concave_hull([r["width"] for r in rows], [r["tokens_per_s"] for r in rows])
 
 
 def serve_load(model, tokenizer, chooser: WidthChooser, load: float, arrival_rate_per_s: float, window_s: float,
