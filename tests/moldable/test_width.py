@@ -32,7 +32,7 @@ def test_width_falls_as_the_load_grows() -> None:
 
 
 def test_width_law_is_theorem1_at_the_scaled_load() -> None:
-    """p at λ is Theorem 1's p* at λ/ρ̄ (one concept, one place); the spec's example: λ/ρ̄ = 0.8."""
+    """p at λ is Theorem 1's p* at λ/ρ̄ (one concept, one place); docs/moldable.md's example at λ/ρ̄ = 0.8."""
     p = width_probabilities(S, 0.8 * 0.7, headroom=0.7)
     np.testing.assert_allclose(p, optimal_allocation(S, 0.8).p)
     np.testing.assert_allclose(p, [0, 0, 0.625, 0.375, 0], atol=1e-12)
