@@ -5,6 +5,7 @@ against fixed k = 1 and fixed maximum k; SmolLM2-135M over two loopback servers 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -35,8 +36,7 @@ def run(args) -> Summary:
         n_prompts, new_tokens, loads, window_s = 6, 32, (0.2, 0.45, 0.7), 90.0
     settings = (new_tokens, window_s, n_prompts)
     if replotting(args):
-        saved = args.out / f"{NAME}.json"
-        chain = json.loads(saved.read_text())["data"].get("chain", "?") if saved.is_file() else "?"
+        chain = _saved_chain(args.out / f"{NAME}.json")
         return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
                        read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings)
     calib, sessions, chain = _live(args, n_prompts, new_tokens, loads, window_s)
@@ -85,6 +85,17 @@ def _live(args, n_prompts: int, new_tokens: int, loads: tuple[float, ...],
         finally:
             close_client(model)
     return calib, sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
+
+
+def _saved_chain(path: Path) -> str:
+    """The chain a saved run served ('a[0:16] → b[16:30]'), from its JSON ('?' when unknown)."""
+    if not path.is_file():
+        return "?"
+    saved = json.loads(path.read_text())
+    if "chain" in saved.get("data", {}):
+        return saved["data"]["chain"]
+    match = re.search(r"chain (.+?), emulated", (saved.get("lines") or [""])[0])
+    return match.group(1) if match else "?"
 
 
 def fit(calib: list[dict]) -> SpeedUp:
