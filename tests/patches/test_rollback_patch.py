@@ -49,3 +49,49 @@ def test_patch_reverses_to_pristine_and_applies_again(site_copy: Path) -> None:
     assert "start_from_position" not in target.read_text()
     assert ap.apply_patch(site_copy, DIFF, check_only=False) == "applied"
     assert target.read_text() == patched
+
+
+def test_client_rollback_cuts_history_and_sends_start_from_position_once() -> None:
+    """The client side of 0003 on a real petals server session (its stream answered locally): a rollback cuts the
+    input history and position, the next step's metadata carries start_from_position, the one after does not; each
+    step first waits the emulated round trip; rolling forward is refused."""
+    import asyncio
+    import time
+
+    import torch
+    from hivemind.proto import runtime_pb2
+    from hivemind.utils.serializer import MSGPackSerializer
+    from petals.client.config import ClientConfig
+    from petals.client.inference_session import _ServerInferenceSession
+
+    from petals_chain.client.speculative import RollbackServerSession, WidthError
+
+    async def scenario() -> list[dict]:
+        """Two steps after a rollback; the metadata each one sent."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def answers():
+            """The server's side of the stream: one empty response per request."""
+            while True:
+                yield runtime_pb2.ExpertResponse()
+
+        s = RollbackServerSession.__new__(RollbackServerSession)
+        _ServerInferenceSession.__init__(s, ClientConfig(), None, "model.0", {}, queue, answers(), max_length=16)
+        s.stepped, s._position, s.history = True, 5, torch.arange(5.0).reshape(1, 5, 1)
+        s.emulated_rtt_s = 0.05
+        with pytest.raises(WidthError, match="cannot roll back to 6"):
+            s.rollback(6)
+        s.rollback(3)
+        assert s._position == 3 and s.history.flatten().tolist() == [0.0, 1.0, 2.0]
+        sent = []
+        for step in ("x", "y"):
+            t0 = time.perf_counter()
+            await s._step(runtime_pb2.ExpertRequest(metadata=MSGPackSerializer.dumps({"step_id": step})))
+            assert time.perf_counter() - t0 >= 0.05
+            sent.append(MSGPackSerializer.loads((await queue.get()).metadata))
+        s._outputs_stream = s._inputs_queue = None  # nothing to close on a server
+        return sent
+
+    first, second = asyncio.run(scenario())
+    assert first == {"step_id": "x", "start_from_position": 3}
+    assert second == {"step_id": "y"}
