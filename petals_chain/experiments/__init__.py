@@ -22,6 +22,7 @@ EXPERIMENTS: dict[str, str] = {
     "moldable-table1": "moldable_table1",  # moldable jobs (docs/moldable.md); writes results/moldable_table1.*
     "moldable-fig2": "moldable_fig2",
     "moldable-classes": "moldable_classes",
+    "moldable-live": "moldable_live",  # live: SmolLM2 on a loopback swarm, speculative width (docs/moldable.md)
     "mell-fig6": "mell_fig6",
     "mell-fig11": "mell_fig11",
     "mell-fig12": "mell_fig12",

@@ -1,4 +1,4 @@
-"""Several classes of moldable jobs sharing n servers (docs/moldable.md, "Classes"): the event simulator.
+"""Several classes of moldable jobs sharing n servers (docs/moldable.md, "Several classes"): the event simulator.
 
 Class j arrives at rate n·λ_j, brings jobs of mean size E[S_j] and has its own speed-up s_{·j}. Each class is
 served by greedy(p*_j) with the p*_j of the water-filling solution of (Q), either inside a hard reserve of
