@@ -12,9 +12,10 @@ GET /health (liveness: 200 while the process answers) · GET /ready (readiness: 
 GET /servers ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
-POST /servers/{name}/leave {reason?} ·
+POST /servers/{name}/leave {reason?} · POST /servers/{name}/drain {wait_s?, timeout_s?} · GET /servers/{name}/drain ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
-POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
+POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease) ·
+POST /lease/{id}/migrated · POST /lease/{id}/migration-failed · GET /migrations (docs/migration.md).
 Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
 410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
 """
@@ -36,6 +37,8 @@ from petals_chain.model import SpecError
 from petals_chain.orchestrator import bodies
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.drain import DrainBody, drain_status
+from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 
@@ -210,6 +213,16 @@ async def _leave(request: web.Request) -> web.Response:
     return _json(_server_reply(orch, rec))
 
 
+async def _drain(request: web.Request) -> web.Response:
+    """POST /servers/{name}/drain: move every session off the server, then it leaves (GET: the drain's status)."""
+    orch = request.app[ORCH_KEY]
+    name = request.match_info["name"]
+    if request.method == "GET":
+        return _json(drain_status(orch, name))
+    body = await bodies.read(request, DrainBody, required=False)
+    return _json(await orch.drain(name, wait_s=body.wait_s, timeout_s=body.timeout_s))
+
+
 async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
@@ -223,7 +236,38 @@ async def _renew(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.RenewBody, required=False)
     lease = orch.leases.renew(request.match_info["lease_id"], body.ttl_s)
+    reply = orch.lease_json(lease)
+    target = orch.leases.offer(lease.lease_id) if hasattr(orch.leases, "offer") else None
+    if target is not None:  # a move was decided: the holder moves at its next step boundary
+        reply["migrate_to"] = orch.lease_json(target)
+    return _json(reply)
+
+
+async def _migrated(request: web.Request) -> web.Response:
+    """POST /lease/{id}/migrated: the holder runs on the lease it was offered; the old one ends (404 if none)."""
+    orch = request.app[ORCH_KEY]
+    lease = _moving(orch).complete(request.match_info["lease_id"])
     return _json(orch.lease_json(lease))
+
+
+async def _migration_failed(request: web.Request) -> web.Response:
+    """POST /lease/{id}/migration-failed: the holder could not move; it keeps this lease, the reservation ends."""
+    orch = request.app[ORCH_KEY]
+    lease = _moving(orch).fail(request.match_info["lease_id"])
+    return _json(orch.lease_json(lease))
+
+
+async def _migrations(request: web.Request) -> web.Response:
+    """GET /migrations: the migration policy, counts and pending moves."""
+    return _json(_moving(request.app[ORCH_KEY]).migration_json())
+
+
+def _moving(orch: Orchestrator) -> MigratingLeaseManager:
+    """The orchestrator's lease manager if it moves sessions, else a 400."""
+    if not isinstance(orch.leases, MigratingLeaseManager):
+        raise BadRequestError(f"this orchestrator's lease manager ({type(orch.leases).__name__}) cannot move "
+                              "sessions")
+    return orch.leases
 
 
 async def _release(request: web.Request) -> web.Response:
@@ -260,10 +304,15 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     app.router.add_post("/servers/heartbeat", _heartbeat)
     app.router.add_get("/servers/{name}/assignment", _assignment)
     app.router.add_post("/servers/{name}/leave", _leave)
+    app.router.add_post("/servers/{name}/drain", _drain)
+    app.router.add_get("/servers/{name}/drain", _drain)
+    app.router.add_get("/migrations", _migrations)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)
     app.router.add_post("/lease/{lease_id}/report-failure", _report_failure)
+    app.router.add_post("/lease/{lease_id}/migrated", _migrated)
+    app.router.add_post("/lease/{lease_id}/migration-failed", _migration_failed)
 
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""

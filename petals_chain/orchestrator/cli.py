@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -25,6 +26,7 @@ from petals_chain.compose.methods import Method, Routing, live_method, method_na
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.orchestrator.bodies import MAX_TTL_S
 from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.cli_args import (
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "PETALS_CHAIN_ORCH_TOKEN"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: LeaseManager,
+LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
                                                               Routing.WS_RR: WsRrLeaseManager}
 BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
 
@@ -84,6 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a registered server silent this long is marked dead (0 disables)")
     s.add_argument("--max-memory-bytes", type=size_range(gt=0), metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd (e.g. 1PB)")
+    s.add_argument("--migration", default="none", choices=MIGRATION_POLICIES,
+                   help="move running sessions between chains: 'jffc' moves the slowest busy chain's session to a "
+                        "faster chain's freed slot (JFFC with migration); drains work either way (default none)")
     s.add_argument("--max-waiting", type=count_arg, default=defaults.MAX_WAITING,
                    help="most lease requests allowed to wait at once")
     s.add_argument("--offer-unready-chains", action="store_true",
@@ -161,13 +166,24 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
         max_waiting=args.max_waiting,
         pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
         offer_when_serving=not args.offer_unready_chains,
-        lease_manager=LEASE_MANAGERS[method.routing],
+        lease_manager=_lease_manager(method, args),
     )
     if planned:
         orch.recompose_now()
         if registry.composition is None:
             print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
     return orch, method
+
+
+def _lease_manager(method: Method, args: argparse.Namespace) -> Callable[..., LeaseManager]:
+    """The method's lease manager; JFFC's moves sessions by ``--migration``."""
+    factory = LEASE_MANAGERS[method.routing]
+    migration = getattr(args, "migration", "none")
+    if factory is MigratingLeaseManager:
+        return functools.partial(MigratingLeaseManager, migration=migration)
+    if migration != "none":
+        raise SpecError(f"--migration {migration} needs JFFC leases; method {method.name!r} routes otherwise")
+    return factory
 
 
 async def _run(args: argparse.Namespace) -> None:
