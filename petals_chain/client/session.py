@@ -26,7 +26,8 @@ from petals.utils.misc import is_dummy
 
 from petals_chain import defaults
 from petals_chain.client.lease import LeaseKeeper
-from petals_chain.client.records import FailoverRecord, SessionRecord
+from petals_chain.client.migration import MigrationError, choose_mode, kv_bytes_per_token, migrator_for
+from petals_chain.client.records import FailoverRecord, MigrationRecord, SessionRecord
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
 
@@ -87,6 +88,54 @@ class LeasedInferenceSession(InferenceSession):
             r.spans = tuple((s.server, s.start, s.end) for s in info.spans)
         return old
 
+    @property
+    def history(self) -> torch.Tensor | None:
+        """Every input stepped so far (batch × tokens × hidden), what a replay sends again."""
+        return self._history
+
+    # ---- migration --------------------------------------------------------------------------------------------
+
+    def _maybe_move(self) -> None:
+        """At a step boundary: if the orchestrator offered a move (asked by a renew at most every move_check_s),
+        carry it out; a move that fails leaves the session on its old chain and the orchestrator is told."""
+        keeper, opts = self._keeper, self._base_manager.options
+        target = keeper.move_to
+        if target is None and time.monotonic() - keeper.checked_s >= opts.move_check_s:
+            target = keeper.check()
+        if target is None:
+            return
+        mode = choose_mode(self._position, kv_bytes_per_token(self._sequence_manager.config), opts.move_link_bytes,
+                           opts.move_prefill_tokens)
+        migrator = migrator_for(mode)
+        if migrator is None:
+            return  # deferred: the offer stands, the next boundary asks again
+        keeper.move_to = None
+        old, orch = keeper.info, self._base_manager.orchestrator
+        rec = MigrationRecord(old.lease_id, old.chain_id, target.lease_id, target.chain_id, migrator.mode.value,
+                              self._position, time.monotonic())
+        if self.record is not None:
+            self.record.migrations.append(rec)
+        try:
+            migrator.migrate(self, target)
+        except MigrationError as exc:
+            rec.error = str(exc)[:500]
+            log.warning("lease %s: could not move to chain %s; staying on chain %s: %s", old.lease_id,
+                        target.chain_id, old.chain_id, exc)
+            try:
+                orch.run(lambda c: c.migration_failed(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+            except Exception as exc2:  # the reservation then expires with the lease, or goes when it ends
+                log.warning("telling the orchestrator that lease %s stays failed: %s", old.lease_id, exc2)
+            return
+        self._use_lease(target).stop()  # the orchestrator ends the old lease when told below
+        try:
+            orch.run(lambda c: c.migrated(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+        except Exception as exc:  # the old lease expired meanwhile: its reservation went with it
+            log.warning("lease %s: the orchestrator did not take the move to %s: %s", old.lease_id, target.lease_id,
+                        exc)
+        rec.done_s = time.monotonic()
+        log.info("lease %s moved to chain %s (%s, %d tokens) in %.3f s", old.lease_id, target.chain_id,
+                 rec.mode, rec.tokens, rec.downtime_s)
+
     # ---- failover ---------------------------------------------------------------------------------------------
 
     def step(self, inputs: torch.Tensor, prompts: torch.Tensor | None = None,
@@ -95,6 +144,8 @@ class LeasedInferenceSession(InferenceSession):
         inputs there and finish the step (the outputs are the ones the old chain would have given)."""
         if self._keeper is None:
             return super().step(inputs, prompts, hypo_ids)
+        if self._history is not None:
+            self._maybe_move()
         prefix = self._history
         if prefix is not None and hypo_ids is not None and not is_dummy(hypo_ids):
             prefix = prefix[hypo_ids.cpu()]  # the servers reorder their caches by hypo_ids before this step

@@ -194,7 +194,10 @@ class MigratingLeaseManager(LeaseManager):
                 self._end(target, record=False)
 
     def _end(self, lease: Lease, *, record: bool) -> None:
-        """As LeaseManager's; a source that ends drops its move, and a freed slot may take a slower chain's job."""
+        """As LeaseManager's; a source that ends drops its move, and a freed slot may take a slower chain's job.
+        Idempotent: a reservation that went with its source is not ended twice (expire_due lists both)."""
+        if lease.lease_id not in self._leases:
+            return
         move = self._moves.pop(lease.lease_id, None)
         source = self._target_of.pop(lease.lease_id, None)
         if source is not None:  # a reservation ended on its own (expired with its source): the move is off
