@@ -11,7 +11,8 @@ every caller with the same budgets picks the same. docs/migration.md, "Token rep
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from petals.client.inference_session import InferenceSession
 
@@ -31,13 +32,38 @@ class MigrationError(RuntimeError):
     """A move could not be carried out; the session is still on its old chain, unchanged."""
 
 
+@dataclass
+class Switch:
+    """A session switched to a new chain whose old chain's state is still there: ``commit`` frees the old state once
+    the orchestrator took the move, ``rollback`` puts the session back on its old chain and frees the new state."""
+
+    session: LeasedInferenceSession
+    old_sessions: list[Any]
+    old_manager: Any
+    old_position: int
+
+    def commit(self) -> None:
+        """The move stands: close the old chain's server sessions (their caches are freed now)."""
+        self.session._exit_server_sessions(self.old_sessions)
+        self.old_sessions = []
+
+    def rollback(self) -> None:
+        """The move is off: back to the old chain's server sessions, the new ones closed."""
+        s = self.session
+        new = s._server_sessions
+        s._server_sessions, s._sequence_manager, s._position = self.old_sessions, self.old_manager, self.old_position
+        s._exit_server_sessions(new)
+        self.old_sessions = []
+
+
 class Migrator(Protocol):
-    """Moves a session's server state to the chain of ``lease`` at the same position, or raises, leaving the
-    session on its old chain unchanged."""
+    """Builds a session's server state on the chain of ``lease`` at the same position and switches the session to
+    it, keeping the old chain's state until the returned :class:`Switch` is committed or rolled back; or raises
+    :class:`MigrationError`, leaving the session on its old chain unchanged."""
 
     mode: Mode
 
-    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> None:
+    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
         """Carry out the move; afterwards the session's server sessions run along ``lease``."""
         ...
 
@@ -47,10 +73,10 @@ class TokenReplay:
 
     mode = Mode.TOKEN
 
-    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> None:
-        """Open the new chain's server sessions by replaying the history; the old ones close only on success."""
+    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
+        """Open the new chain's server sessions by replaying the history; the old ones stay open."""
         history = session.history
-        old = (session._server_sessions, session._sequence_manager, session._position)
+        switch = Switch(session, session._server_sessions, session._sequence_manager, session._position)
         session._server_sessions = []
         session._sequence_manager = session._base_manager.with_lease(lease)
         session._position = 0
@@ -58,16 +84,13 @@ class TokenReplay:
             if history is not None and history.shape[1] > 0:
                 InferenceSession.step(session, history)
         except Exception as exc:
-            new_sessions = session._server_sessions
-            session._server_sessions, session._sequence_manager, session._position = old
-            session._exit_server_sessions(new_sessions)
+            switch.rollback()
             raise MigrationError(f"token replay onto chain {lease.chain_id} failed: {exc!r}") from exc
-        if session._position != old[2]:  # cannot happen: the replay is the history; refuse rather than diverge
-            new_sessions = session._server_sessions
-            session._server_sessions, session._sequence_manager, session._position = old
-            session._exit_server_sessions(new_sessions)
-            raise MigrationError(f"replay reached position {session._position}, not {old[2]}")
-        session._exit_server_sessions(old[0])  # the old chain's caches are freed now
+        if session._position != switch.old_position:  # cannot happen: the replay is the history; never diverge
+            got = session._position
+            switch.rollback()
+            raise MigrationError(f"replay reached position {got}, not {switch.old_position}")
+        return switch
 
 
 MIGRATORS: dict[Mode, Migrator] = {Mode.TOKEN: TokenReplay()}

@@ -48,6 +48,7 @@ class LeasedInferenceSession(InferenceSession):
         self._base_manager = sequence_manager
         self._history: torch.Tensor | None = None  # every input stepped so far: replayed on a replacement chain
         self._refusals = 0
+        self._refused_moves: set[str] = set()  # reserved leases this session could not move to: never tried again
         super().__init__(sequence_manager, max_length)
 
     @property
@@ -102,7 +103,7 @@ class LeasedInferenceSession(InferenceSession):
         target = keeper.move_to
         if target is None and time.monotonic() - keeper.checked_s >= opts.move_check_s:
             target = keeper.check()
-        if target is None:
+        if target is None or target.lease_id in self._refused_moves:
             return
         mode = choose_mode(self._position, kv_bytes_per_token(self._sequence_manager.config), opts.move_link_bytes,
                            opts.move_prefill_tokens)
@@ -116,8 +117,9 @@ class LeasedInferenceSession(InferenceSession):
         if self.record is not None:
             self.record.migrations.append(rec)
         try:
-            migrator.migrate(self, target)
+            switch = migrator.migrate(self, target)
         except MigrationError as exc:
+            self._refused_moves.add(target.lease_id)
             rec.error = str(exc)[:500]
             log.warning("lease %s: could not move to chain %s; staying on chain %s: %s", old.lease_id,
                         target.chain_id, old.chain_id, exc)
@@ -126,12 +128,17 @@ class LeasedInferenceSession(InferenceSession):
             except Exception as exc2:  # the reservation then expires with the lease, or goes when it ends
                 log.warning("telling the orchestrator that lease %s stays failed: %s", old.lease_id, exc2)
             return
-        self._use_lease(target).stop()  # the orchestrator ends the old lease when told below
         try:
             orch.run(lambda c: c.migrated(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
-        except Exception as exc:  # the old lease expired meanwhile: its reservation went with it
-            log.warning("lease %s: the orchestrator did not take the move to %s: %s", old.lease_id, target.lease_id,
-                        exc)
+        except Exception as exc:  # the move was withdrawn meanwhile (the old lease ended, or a recomposition)
+            switch.rollback()
+            self._refused_moves.add(target.lease_id)
+            rec.error = f"the orchestrator did not take the move: {exc}"[:500]
+            log.warning("lease %s: the orchestrator did not take the move to %s; staying: %s", old.lease_id,
+                        target.lease_id, exc)
+            return
+        switch.commit()
+        self._use_lease(target).stop()  # the orchestrator ended the old lease when it took the move
         rec.done_s = time.monotonic()
         log.info("lease %s moved to chain %s (%s, %d tokens) in %.3f s", old.lease_id, target.chain_id,
                  rec.mode, rec.tokens, rec.downtime_s)

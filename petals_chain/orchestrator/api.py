@@ -15,7 +15,7 @@ POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GE
 POST /servers/{name}/leave {reason?} · POST /servers/{name}/drain {wait_s?, timeout_s?} · GET /servers/{name}/drain ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease) ·
-POST /lease/{id}/migrated · POST /lease/{id}/migration-failed · GET /migrations (docs/migration.md).
+POST /lease/{id}/migrated · POST /lease/{id}/migration-failed · GET|POST /migrations {policy} (docs/migration.md).
 Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
 410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
 """
@@ -38,7 +38,7 @@ from petals_chain.orchestrator import bodies
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.drain import DrainBody, drain_status
-from petals_chain.orchestrator.migration import MigratingLeaseManager
+from petals_chain.orchestrator.migration import MigratingLeaseManager, PolicyBody
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 
@@ -258,8 +258,12 @@ async def _migration_failed(request: web.Request) -> web.Response:
 
 
 async def _migrations(request: web.Request) -> web.Response:
-    """GET /migrations: the migration policy, counts and pending moves."""
-    return _json(_moving(request.app[ORCH_KEY]).migration_json())
+    """GET /migrations: the migration policy, counts and pending moves; POST {policy}: switch the policy (an
+    operator's switch, e.g. to compare plain JFFC with JFFC with migration on one swarm)."""
+    leases = _moving(request.app[ORCH_KEY])
+    if request.method == "POST":
+        leases.set_policy((await bodies.read(request, PolicyBody)).policy)
+    return _json(leases.migration_json())
 
 
 def _moving(orch: Orchestrator) -> MigratingLeaseManager:
@@ -307,6 +311,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     app.router.add_post("/servers/{name}/drain", _drain)
     app.router.add_get("/servers/{name}/drain", _drain)
     app.router.add_get("/migrations", _migrations)
+    app.router.add_post("/migrations", _migrations)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)

@@ -16,16 +16,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from petals_chain.dispatch.rules import migration_source, speed_order
 from petals_chain.model import SpecError
+from petals_chain.orchestrator.bodies import Body
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError, _Waiter
 
 MIGRATION_POLICIES = ("none", "jffc")
+
+
+class PolicyBody(Body):
+    """POST /migrations: the migration policy to use from now on."""
+
+    policy: Literal["none", "jffc"]
 
 
 class NoMoveError(UnknownLeaseError):
@@ -56,10 +63,8 @@ class MigratingLeaseManager(LeaseManager):
     """JFFC leases plus moves between chains: JFFC with migration (optional) and drains."""
 
     def __init__(self, *, migration: str = "none", **kwargs: Any) -> None:
-        if migration not in MIGRATION_POLICIES:
-            raise SpecError(f"leases: field 'migration' must be one of {MIGRATION_POLICIES}, got {migration!r}")
         super().__init__(**kwargs)
-        self.migration = migration
+        self.set_policy(migration)
         self.moves = MigrationCounters()
         self._moves: dict[str, PendingMove] = {}  # by source lease id
         self._target_of: dict[str, str] = {}  # reserved lease id -> source lease id
@@ -240,6 +245,12 @@ class MigratingLeaseManager(LeaseManager):
         move = PendingMove(mover.lease_id, "jffc")
         self._moves[mover.lease_id] = move
         self._reserved(move, target)
+
+    def set_policy(self, migration: str) -> None:
+        """Switch the migration policy ('none' or 'jffc'); moves already decided go on."""
+        if migration not in MIGRATION_POLICIES:
+            raise SpecError(f"leases: field 'migration' must be one of {MIGRATION_POLICIES}, got {migration!r}")
+        self.migration = migration
 
     def migration_json(self) -> dict[str, Any]:
         """Counts and the moves pending now, for GET /migrations."""

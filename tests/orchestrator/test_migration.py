@@ -197,6 +197,11 @@ def test_drain_over_http_moves_sessions_then_the_server_leaves_then_recompositio
                 await oc._call("POST", "/servers/b/drain", {"wait_s": -1})
             assert err.value.status == 400 and "wait_s" in err.value.message
             assert (await oc._call("GET", "/migrations"))["completed"] == 2
+            assert (await oc._call("POST", "/migrations", {"policy": "jffc"}))["policy"] == "jffc"
+            assert orch.leases.migration == "jffc"
+            with pytest.raises(OrchestratorError) as err:
+                await oc._call("POST", "/migrations", {"policy": "fastest"})
+            assert err.value.status == 400 and "policy" in err.value.message and orch.leases.migration == "jffc"
 
     run(body())
 
