@@ -6,10 +6,12 @@ holder, in the reply to its next renew (``"migrate_to"``). The holder moves its 
 (``POST /lease/{id}/migration-failed``: the reservation ends, the old lease stays, and it is never picked again).
 So a slot is never booked twice and the old one is freed only once the move succeeded. docs/migration.md.
 
-Two reasons to move: JFFC with migration (``migration="jffc"``: when a slot of chain k frees up and nobody waits,
-the longest-resident session of the slowest busy chain slower than k moves to k, the decision
-:func:`~petals_chain.dispatch.rules.migration_source` that the simulator's kernel makes too), and a drain (every
-session on a server's chains asks for a slot elsewhere, at the head of the queue when none is free).
+Three reasons to move: JFFC with migration (``migration="jffc"``: when a slot of chain k frees up and nobody
+waits, the longest-resident session of the slowest busy chain slower than k moves to k, the decision
+:func:`~petals_chain.dispatch.rules.migration_source` that the simulator's kernel makes too); consolidation
+(``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.orchestrator.packing`;
+``"worst-fit"`` packs without moving, its baseline); and a drain (every session on a server's chains asks for a
+slot elsewhere, at the head of the queue when none is free).
 """
 
 from __future__ import annotations
@@ -25,14 +27,15 @@ from petals_chain.model import SpecError
 from petals_chain.orchestrator.bodies import Body
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError, _Waiter
+from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
 
-MIGRATION_POLICIES = ("none", "jffc")
+MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 
 
 class PolicyBody(Body):
     """POST /migrations: the migration policy to use from now on."""
 
-    policy: Literal["none", "jffc"]
+    policy: Literal["none", "jffc", "mell", "worst-fit"]
 
 
 class NoMoveError(UnknownLeaseError):
@@ -112,7 +115,11 @@ class MigratingLeaseManager(LeaseManager):
         target = self._leases[move.target]
         self.moves.completed += 1
         self.counters.released += 1
-        self._end(source, record=True)
+        if self.packing:  # the packer already has the job at the target: the old lease just goes
+            self._leases.pop(source.lease_id, None)
+            self.service_hist.observe(self.clock() - source.granted_s)
+        else:
+            self._end(source, record=True)
         return target
 
     def fail(self, lease_id: str) -> Lease:
@@ -123,6 +130,13 @@ class MigratingLeaseManager(LeaseManager):
             raise NoMoveError(f"lease {lease_id!r} has no move pending")
         self.moves.failed += 1
         self._stay.add(lease_id)
+        if self.packing and move.target is not None:  # the packer books the job back where it runs
+            self._moves.pop(lease_id, None)
+            self._target_of.pop(move.target, None)
+            self._leases.pop(move.target, None)
+            if source.chain_index is not None:
+                self._policy.pin(source.job, source.chain_index)
+            return source
         self._drop(move)
         return source
 
@@ -131,6 +145,8 @@ class MigratingLeaseManager(LeaseManager):
     def drain(self, server: str) -> int:
         """Ask a slot elsewhere for every lease whose chain runs through ``server`` (the caller has stopped offering
         that server's chains); a lease that must wait keeps its place in line. Returns how many leases are on it."""
+        if self.packing:
+            raise SpecError(f"leases: a drain needs JFFC leases; sessions are packed by {self.migration!r} now")
         for target_id, source_id in list(self._target_of.items()):
             target = self._leases.get(target_id)
             if target is not None and any(s.server == server for s in target.chain.spans):
@@ -247,10 +263,66 @@ class MigratingLeaseManager(LeaseManager):
         self._reserved(move, target)
 
     def set_policy(self, migration: str) -> None:
-        """Switch the migration policy ('none' or 'jffc'); moves already decided go on."""
+        """Switch the migration policy; moves already decided go on. A packer is switched to or from only while no
+        session runs (its scheduler must have seen every placement)."""
         if migration not in MIGRATION_POLICIES:
             raise SpecError(f"leases: field 'migration' must be one of {MIGRATION_POLICIES}, got {migration!r}")
+        old = getattr(self, "migration", None)
+        repack = old is not None and (migration in PACKERS or old in PACKERS) and migration != old
+        if repack and (self._leases or self._waiting):
+            raise SpecError(f"leases: field 'migration': cannot switch {old!r} -> {migration!r} while "
+                            f"{len(self._leases)} leases are held and {len(self._waiting)} requests wait")
         self.migration = migration
+        if repack and self._chains:
+            self.set_chains(self._chains, self._version)
+
+    @property
+    def packing(self) -> bool:
+        """Whether sessions are placed by a bin-packing scheduler (consolidation) rather than JFFC."""
+        return self.migration in PACKERS
+
+    def _new_policy(self) -> Any:
+        """JFFC, or the packing policy over the same chains."""
+        if self.packing:
+            return PackingPolicy([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains],
+                                 self.migration)
+        return super()._new_policy()
+
+    def _carry(self, k: int, lease: Lease) -> bool:
+        """As LeaseManager's; a packer records the lease's job on its chain."""
+        if self.packing:
+            return self._policy.occupy(k, lease.job)
+        return super()._carry(k, lease)
+
+    def _start_all(self, starts: list[Any], now: float) -> None:
+        """Grant the starts to waiters; a start that moves a running job (a packer's) becomes a reserved move."""
+        plain = [st for st in starts if st.migrated_from is None]
+        super()._start_all(plain, now)
+        for st in starts:
+            if st.migrated_from is not None:
+                self._packer_move(st.job, st.chain, now)
+
+    def _packer_move(self, job: int, chain: int, now: float) -> None:
+        """The packer moved ``job`` to ``chain`` in its books: reserve it there and offer the move to the holder."""
+        source = next((x for x in self._leases.values() if x.job == job and x.lease_id not in self._target_of), None)
+        if source is None:
+            return
+        old = self._moves.pop(source.lease_id, None)
+        if old is not None and old.target is not None:  # moved again before it moved: the first reservation goes
+            self._target_of.pop(old.target, None)
+            gone = self._leases.pop(old.target, None)
+            if gone is not None:
+                self.moves.dropped += 1
+        if source.chain_index == chain:
+            return  # back where it runs: nothing to do
+        target = Lease(lease_id=f"L{job}-p{self.moves.offered}-{_token()}", job=job, chain=self._chains[chain],
+                       chain_index=chain, epoch=self._epoch, version=self._version, granted_s=now,
+                       expires_s=source.expires_s, ttl_s=source.ttl_s, waited_s=0.0, client=source.client)
+        self._leases[target.lease_id] = target
+        self.counters.granted += 1
+        move = PendingMove(source.lease_id, self.migration)
+        self._moves[source.lease_id] = move
+        self._reserved(move, target)
 
     def migration_json(self) -> dict[str, Any]:
         """Counts and the moves pending now, for GET /migrations."""
