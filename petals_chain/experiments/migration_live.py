@@ -84,6 +84,21 @@ class Request:
     move_downtime_s: float = 0.0
     tokens: tuple[int, ...] = ()
     error: str = ""
+    segments: tuple[tuple[str, float, float], ...] = ()  # (chain, from, to): where it ran, moves overlapping
+
+    def busy_segments(self, rec: Any, t0: float) -> tuple[tuple[str, float, float], ...]:
+        """Where the session held a chain's cache: its first chain from the grant to its first move's end, and so
+        on (during a move both chains hold it), the last until it closed; seconds from ``t0``."""
+        granted = rec.requested_s + (rec.waited_s or 0.0) - t0
+        out, chain, start = [], None, granted
+        for m in rec.migrations:
+            if m.error is not None:
+                continue
+            chain = chain or m.from_chain
+            out.append((chain, start, m.done_s - t0))
+            chain, start = m.to_chain, m.started_s - t0
+        out.append((chain or rec.chain_id, start, self.end_s))
+        return tuple(out)
 
     @property
     def response_s(self) -> float:
@@ -96,6 +111,24 @@ class Request:
                 "response_s": self.response_s, "waited_s": self.waited_s, "service_s": self.service_s,
                 "first_chain": self.first_chain, "last_chain": self.last_chain, "moves": self.moves,
                 "move_downtime_s": self.move_downtime_s, "error": self.error}
+
+
+def server_seconds(reqs: list[Request]) -> dict[str, float]:
+    """Per chain, the length of the union of the intervals any session held it: the time it could not be
+    released."""
+    by_chain: dict[str, list[tuple[float, float]]] = {}
+    for r in reqs:
+        for chain, a, b in r.segments:
+            by_chain.setdefault(chain, []).append((a, b))
+    out = {}
+    for chain, spans in by_chain.items():
+        total, end = 0.0, -float("inf")
+        for a, b in sorted(spans):
+            if b > end:
+                total += b - max(a, end)
+                end = b
+        out[chain] = total
+    return out
 
 
 def poisson_arrivals(n: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -127,6 +160,7 @@ def replay(model: Any, policy: str, arrivals: np.ndarray, prompts: list[list[int
             r.first_chain = done[0].from_chain if done else rec.chain_id
             r.last_chain, r.moves = rec.chain_id, len(done)
             r.move_downtime_s = float(sum(m.downtime_s for m in done))
+            r.segments = r.busy_segments(rec, t0)
         except Exception as exc:  # recorded in the table, never dropped
             r.error = f"{type(exc).__name__}: {exc}"[:300]
 

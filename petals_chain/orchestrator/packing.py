@@ -1,11 +1,12 @@
 """Consolidation: sessions packed onto chains by Mell's scheduler so that idle servers can be released.
 
-Each chain is one bin (a "GPU" of docs/mell.md) of ``c`` session slots: PETALS gives every session a cache of its
-``max_length`` tokens when it opens, so on a swarm whose sessions share one max_length all items are the same size,
-``C / c``. The scheduler (:class:`~petals_chain.mell.scheduler.MellScheduler`, or worst fit as the baseline) decides
-where an arrival goes and, on a departure, which running sessions move (its moves, returned as data); this policy
-maps its GPU ids onto chains (a new GPU takes the lowest-indexed idle chain; a terminated one frees its chain) and
-turns each move into ``Start(job, chain, migrated_from=...)``, which the lease manager carries out as a migration.
+Each chain is one bin (a "GPU" of docs/mell.md) of ``c`` session slots (the smallest chain capacity when they
+differ): PETALS gives every session a cache of its ``max_length`` tokens when it opens, so on a swarm whose
+sessions share one max_length all items are the same size, ``C / c``. The scheduler
+(:class:`~petals_chain.mell.scheduler.MellScheduler`, or worst fit as the baseline) decides where an arrival goes
+and, on a departure, which running sessions move (its moves, returned as data); this policy maps its GPU ids onto
+chains (a new GPU takes the lowest-indexed idle chain; a terminated one frees its chain) and turns each move into
+``Start(job, chain, migrated_from=...)``, which the lease manager carries out as a migration.
 An arrival that would need a GPU no chain is left for waits in one FIFO queue. docs/migration.md, "Consolidation".
 """
 
@@ -29,12 +30,10 @@ class PackingPolicy:
 
     def __init__(self, rates: Sequence[float], capacities: Sequence[int], packer: str = "mell") -> None:
         self.rates, self.capacities = check_chains(rates, capacities)
-        if len(set(self.capacities)) != 1:
-            raise SpecError(f"packing: every chain must have the same capacity (one bin size), got {self.capacities}")
         if packer not in PACKERS:
             raise SpecError(f"packing: field 'packer' must be one of {PACKERS}, got {packer!r}")
         self.packer = packer
-        cap = self.capacities[0] * UNIT_TOKENS
+        cap = min(self.capacities) * UNIT_TOKENS  # one bin size: a chain with more slots leaves the rest unused
         self.sched = MellScheduler(cap) if packer == "mell" else FitScheduler(cap, "worst")
         self._chain_of: dict[int, int] = {}  # scheduler GPU id -> chain
         self._where: dict[int, int] = {}  # job -> chain (the scheduler's view: a moving job is at its target)

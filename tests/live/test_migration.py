@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -185,18 +184,28 @@ def test_a_move_onto_a_frozen_chain_fails_and_the_session_stays_correct(mswarm: 
 
 
 def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, reference) -> None:
-    """SIGTERM on the two-hop chain's last server while a session generates through it: the session moves to the
-    fast chain (a lease granted under the composition it started on: no recomposition before the move), the server
-    exits with code 0 once it is off, recorded as drained, and only then is the swarm recomposed without it."""
+    """SIGTERM on the two-hop chain's last server while a session generates through it (the fast chain held by a bare
+    lease, migration policy off): the drain queues the session for a slot elsewhere, the held lease is released, the
+    session moves to the fast chain (a lease granted under the composition it started on: no recomposition before
+    the move), the server exits with code 0 once it is off, recorded as drained, and only then is the swarm
+    recomposed without it."""
     mswarm.wait_ready([p.name for p in test_swarm.SERVERS], timeout_s=120)
+    _wait_for(lambda: len(_chains(mswarm)) == 2, 60, "both chains offered again")
+    assert http_json(mswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
     fast, slow = _fast_and_slow(mswarm)
     version = mswarm.get("/health")["version"]
+    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in mswarm.procs if p.name == _servers(slow)[-1])
     gen = _Generation(mclient)
     try:
         gen.wait_generating()
         assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
         victim.popen.send_signal(signal.SIGTERM)
+        _wait_for(lambda: any(m["reason"] == "drain" for m in mswarm.get("/migrations")["pending"]), 60,
+                  "the drain to ask a slot for the session")
+        assert victim.popen.poll() is None  # it waits for its session to leave
+        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         gen.join()
         assert victim.popen.wait(120) == 0, victim.log_tail()
     finally:
@@ -210,5 +219,4 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     assert rec["alive"] is False and rec["dead_reason"] == "drained", rec
     _wait_for(lambda: mswarm.get("/health")["version"] > version, 30, "the recomposition after the drain")
     assert all(victim.name not in _servers(c) for c in _chains(mswarm))
-    print(f"\n[drain] {victim.name}: moved {moves[0].tokens} tokens in {moves[0].downtime_s:.3f} s; exited at "
-          f"{time.monotonic():.1f}")
+    print(f"\n[drain] {victim.name}: its session moved {moves[0].tokens} tokens in {moves[0].downtime_s:.3f} s")

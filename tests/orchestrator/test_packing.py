@@ -63,10 +63,11 @@ def test_mell_keeps_every_server_but_the_latest_full_worst_fit_does_not() -> Non
     assert total["worst-fit"] > total["mell"]
 
 
-def test_packing_needs_equal_chains_and_a_known_packer() -> None:
-    """Chains of different capacity cannot be one bin size; an unknown packer names the field."""
-    with pytest.raises(SpecError, match="same capacity"):
-        PackingPolicy([1.0, 1.0], [2, 3])
+def test_packing_bins_are_the_smallest_chain_and_the_packer_must_be_known() -> None:
+    """Chains of different capacity are bins of the smallest one; an unknown packer names the field."""
+    pol = PackingPolicy([1.0, 1.0], [3, 2])
+    _drive(pol, [("a", 0), ("a", 1), ("a", 2)])
+    assert pol.occupancy() == [2, 1]
     with pytest.raises(SpecError, match="'packer'"):
         PackingPolicy([1.0], [2], "best-fit-ish")
 
