@@ -209,3 +209,20 @@ def test_drain_over_http_moves_sessions_then_the_server_leaves_then_recompositio
 async def _recomposed(orch, version: int) -> bool:
     """Whether the orchestrator installed a composition newer than ``version``."""
     return orch.registry.version > version
+
+
+def test_the_orchestrator_cli_builds_the_migration_policy_and_refuses_an_unknown_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """--migration jffc gives a lease manager that moves sessions; an unknown policy is one line, exit code 2."""
+    from petals_chain.orchestrator.cli import build_orchestrator, parse_args
+
+    base = ["--model-blocks", "4", "--block-bytes", "1GB", "--cache-bytes", "100MB"]
+    orch, _ = build_orchestrator(parse_args([*base, "--migration", "jffc"]))
+    assert isinstance(orch.leases, MigratingLeaseManager) and orch.leases.migration == "jffc"
+    orch, _ = build_orchestrator(parse_args(base))
+    assert orch.leases.migration == "none"
+    with pytest.raises(SystemExit) as exc:
+        parse_args([*base, "--migration", "fastest"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--migration" in err
