@@ -29,9 +29,10 @@ DRAINED_REASON = "drained"  # the reason a drained server is marked as left with
 async def drain_server(orch: Orchestrator, name: str, *, wait_s: float, timeout_s: float) -> dict[str, Any]:
     """Start draining ``name`` (idempotent) and wait at most ``wait_s`` for it to end; return its status."""
     rec = orch.registry.get(check_name(name))
-    if not hasattr(orch.leases, "drain"):
-        raise BadRequestError(f"field 'name' = {name!r}: this orchestrator's lease manager "
-                              f"({type(orch.leases).__name__}) cannot move sessions, so it cannot drain")
+    if not hasattr(orch.leases, "drain") or getattr(orch.leases, "packing", False):
+        raise BadRequestError(f"field 'name' = {name!r}: this orchestrator's leases ({type(orch.leases).__name__}, "
+                              f"policy {getattr(orch.leases, 'migration', None)!r}) cannot be drained: a drain needs "
+                              "JFFC leases")
     if rec.alive and name not in orch.draining:
         orch.draining[name] = asyncio.current_task()  # placeholder until the task below exists: _ready sees it
         orch._offer()  # its chains stop being offered; the sessions on them keep running

@@ -107,6 +107,25 @@ def test_mell_moves_become_reserved_migrations_and_free_a_server() -> None:
     run(body())
 
 
+def test_draining_a_packed_swarm_is_refused_and_changes_nothing() -> None:
+    """POST /servers/a/drain while a packer places sessions: 400 naming the reason; a's chains are still offered."""
+    import functools
+
+    from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+    from tests.orchestrator.test_orchestrator import make_orchestrator, serving
+
+    async def body() -> None:
+        orch = make_orchestrator(lease_manager=functools.partial(MigratingLeaseManager, migration="worst-fit"))
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            chains = len((await oc.chains())["chains"])
+            with pytest.raises(OrchestratorError) as err:
+                await oc.drain("a")
+            assert err.value.status == 400 and "JFFC" in err.value.message
+            assert not orch.draining and len((await oc.chains())["chains"]) == chains
+
+    run(body())
+
+
 def test_an_arrival_waits_when_every_server_is_full() -> None:
     """One chain of two slots: the third session waits in the queue and gets the first freed slot."""
 
