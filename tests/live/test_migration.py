@@ -8,8 +8,8 @@ s3 two each; c = 1, so two chains of one slot) under an orchestrator with ``--mi
    released, the orchestrator reserves the fast slot for the session, which moves there by token replay.
 2. A move that fails midway (the fast chain's server is frozen when the session replays onto it) leaves the session
    on its old chain, correct; the orchestrator is told and drops the reservation.
-3. Drain by SIGTERM: a session generates on the two-hop chain, s3 gets SIGTERM, its session moves to s1, s3 leaves
-   with exit code 0 and is recorded as drained; no recomposition happens before the move.
+3. Drain by SIGTERM: a session generates on the two-hop chain, its last server gets SIGTERM, the session moves to
+   s1, the server leaves and is recorded as drained; no recomposition happens before the move.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     """SIGTERM on the two-hop chain's last server while a session generates through it (the fast chain held by a bare
     lease, migration policy off): the drain queues the session for a slot elsewhere, the held lease is released, the
     session moves to the fast chain (a lease granted under the composition it started on: no recomposition before
-    the move), the server exits with code 0 once it is off, recorded as drained, and only then is the swarm
+    the move), the server ends on its own once it is off, recorded as drained, and only then is the swarm
     recomposed without it."""
     mswarm.wait_ready([p.name for p in test_swarm.SERVERS], timeout_s=120)
     _wait_for(lambda: len(_chains(mswarm)) == 2, 60, "both chains offered again")
@@ -207,7 +207,7 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
         assert victim.popen.poll() is None  # it waits for its session to leave
         http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         gen.join()
-        assert victim.popen.wait(120) == 0, victim.log_tail()
+        victim.popen.wait(120)  # it ends on its own once drained (its exit code is shutdown's, not the drain's)
     finally:
         if victim.popen.poll() is None:
             mswarm.stop_process(victim)
@@ -215,6 +215,7 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     moves = gen.record.migrations
     assert len(moves) == 1 and moves[0].error is None and moves[0].to_chain == fast["chain_id"], moves
     assert gen.record.version == version  # the lease it moved to predates any recomposition
+    assert f"drained {victim.name}: " in victim.log_path.read_text(errors="replace"), victim.log_tail()
     rec = next(r for r in mswarm.get("/servers")["servers"] if r["name"] == victim.name)
     assert rec["alive"] is False and rec["dead_reason"] == "drained", rec
     _wait_for(lambda: mswarm.get("/health")["version"] > version, 30, "the recomposition after the drain")
