@@ -29,7 +29,7 @@ from petals_chain.experiments.migration_live import (
 from petals_chain.loopback.swarm import ServerPlan
 
 NAME = "mell-consolidate"
-BUDGET = "460MB"  # SmolLM2-135M (425 MB of fp32 blocks) + 2 max-length caches
+BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 POLICIES = (("worst-fit", "worst fit"), ("mell", "Mell"))
 
 

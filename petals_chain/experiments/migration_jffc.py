@@ -24,13 +24,13 @@ from petals_chain.loopback.swarm import ServerPlan
 NAME = "migration-jffc"
 SLOW_SPEED = 0.25
 LOAD = 0.7
-BUDGET = "460MB"  # SmolLM2-135M (425 MB of fp32 blocks) + 2 max-length caches
+BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 
 
 def run(args: Any) -> Summary:
     """Start the swarm, replay under both policies, write CSV + PNG, return the summary."""
     quick = bool(args.quick)
-    n, new_tokens = (12, 12) if quick else (40, 24)
+    n, new_tokens = (16, 12) if quick else (40, 24)
     rng = np.random.default_rng(args.seed)
     out: Path = args.out
     with tempfile.TemporaryDirectory(prefix="migration-jffc-") as tmp:
