@@ -11,6 +11,10 @@ old one's place), takes a new lease (its chain was retired by a recomposition), 
 its span; then it replays the whole session's inputs along the (new) chain and finishes the step, so the output
 stays token-identical. The old lease is never kept and the current one is released at close. patches/0002 makes
 petals notice a dead server within about a second (see patches/README.md).
+
+Migration: at a step boundary the session asks (a renew, at most every ``move_check_s``) whether the orchestrator
+offers a move; if so a :class:`~petals_chain.client.migration.Migrator` (token replay) builds its state on the new
+chain, the orchestrator is told, and only then are the old server sessions closed (docs/migration.md, "Protocol").
 """
 
 from __future__ import annotations
