@@ -1,7 +1,7 @@
 """JFFC with migration on a live loopback swarm: mean response time against plain JFFC on the same arrivals, and
 against the Theorem 3.7 lower bound for the chains as measured (docs/migration.md, "JFFC with migration").
 
-Two servers hold the whole model (SmolLM2-135M when prepared); one runs at a quarter speed, so the orchestrator
+Two servers hold the whole model (SmolLM2-135M when prepared); one runs at a tenth of the speed, so the orchestrator
 composes a fast and a slow chain. One Poisson replay runs twice on the same swarm, first under plain JFFC, then
 with ``POST /migrations {"policy": "jffc"}``: a session on the slow chain moves (token replay) when a fast slot frees
 up and nobody waits. Every output must be the same in both runs (greedy decoding; the move is invisible).
