@@ -118,6 +118,8 @@ class MigratingLeaseManager(LeaseManager):
         if self.packing:  # the packer already has the job at the target: the old lease just goes
             self._leases.pop(source.lease_id, None)
             self.service_hist.observe(self.clock() - source.granted_s)
+            if source.chain_index is not None:
+                self._start_all(self._policy.unhold(source.chain_index), self.clock())
         else:
             self._end(source, record=True)
         return target
@@ -136,6 +138,7 @@ class MigratingLeaseManager(LeaseManager):
             self._leases.pop(move.target, None)
             if source.chain_index is not None:
                 self._policy.pin(source.job, source.chain_index)
+                self._start_all(self._policy.unhold(source.chain_index), self.clock())
             return source
         self._drop(move)
         return source
@@ -229,6 +232,8 @@ class MigratingLeaseManager(LeaseManager):
         if move is not None:
             self.moves.dropped += 1
             self._drop(move)
+            if self.packing and k is not None and epoch == self._epoch:
+                self._start_all(self._policy.unhold(k), self.clock())
         if self.migration == "jffc" and k is not None and epoch == self._epoch:
             self._jffc_move(k)
 
@@ -313,8 +318,15 @@ class MigratingLeaseManager(LeaseManager):
             gone = self._leases.pop(old.target, None)
             if gone is not None:
                 self.moves.dropped += 1
-        if source.chain_index == chain:
-            return  # back where it runs: nothing to do
+        if source.chain_index == chain or self._policy.room(chain) < 0:
+            # back where it runs, or its target's cache is still held by a session moving away: it stays
+            if source.chain_index is not None:
+                self._policy.pin(job, source.chain_index)
+            if old is not None and source.chain_index is not None:
+                self._start_all(self._policy.unhold(source.chain_index), now)
+            return
+        if old is None and source.chain_index is not None:
+            self._policy.hold(source.chain_index)  # its cache stays there until the move ends
         target = Lease(lease_id=f"L{job}-p{self.moves.offered}-{_token()}", job=job, chain=self._chains[chain],
                        chain_index=chain, epoch=self._epoch, version=self._version, granted_s=now,
                        expires_s=source.expires_s, ttl_s=source.ttl_s, waited_s=0.0, client=source.client)

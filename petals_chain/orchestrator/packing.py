@@ -38,6 +38,7 @@ class PackingPolicy:
         self._chain_of: dict[int, int] = {}  # scheduler GPU id -> chain
         self._where: dict[int, int] = {}  # job -> chain (the scheduler's view: a moving job is at its target)
         self._queue: deque[int] = deque()
+        self._held: dict[int, int] = {}  # chain -> sessions moving away that still hold their cache there
 
     # ---- the scheduler, one operation at a time ----------------------------------------------------------------
 
@@ -52,6 +53,13 @@ class PackingPolicy:
         idle = [k for k in range(len(self.rates)) if k not in kept.values()]
         if len(new) > len(idle) and not must:
             return None
+        if not must:  # an arrival goes only where the cache is free now, not still held by a session moving away
+            cnt: dict[int, int] = {}
+            for g in trial.placement().values():
+                k = kept.get(g, idle[new.index(g)] if g in new else None)
+                cnt[k] = cnt.get(k, 0) + 1
+            if any(k is not None and c + self._held.get(k, 0) > self.capacities[k] for k, c in cnt.items()):
+                return None
         self.sched = trial
         for g, k in zip(new, idle):
             kept[g] = k
@@ -95,6 +103,21 @@ class PackingPolicy:
         if job not in self._where:
             return []  # already gone (a moved job's old lease ended after its new one, or vice versa)
         starts = self._apply({}, [job], must=True) or []
+        return starts + self._serve_queue()
+
+    def hold(self, chain: int) -> None:
+        """A session moving away from ``chain`` still holds its cache there until its move ends."""
+        self._held[chain] = self._held.get(chain, 0) + 1
+
+    def unhold(self, chain: int) -> list[Start]:
+        """A move off ``chain`` ended (done, failed or dropped): its cache is free; waiting arrivals may fit now."""
+        if self._held.get(chain, 0) > 0:
+            self._held[chain] -= 1
+        return self._serve_queue()
+
+    def _serve_queue(self) -> list[Start]:
+        """Place waiting arrivals, head first, while the head fits."""
+        starts: list[Start] = []
         while self._queue:
             more = self._apply({self._queue[0]: UNIT_TOKENS}, [], must=False)
             if more is None:
@@ -102,6 +125,10 @@ class PackingPolicy:
             self._queue.popleft()
             starts += more
         return starts
+
+    def room(self, chain: int) -> int:
+        """Sessions ``chain`` can still take physically (its slots less the scheduler's and the moving-away ones)."""
+        return self.capacities[chain] - self.occupancy()[chain] - self._held.get(chain, 0)
 
     def pin(self, job: int, chain: int) -> None:
         """A move the scheduler decided did not happen: record ``job`` back on ``chain`` (its GPU, or a fresh one

@@ -141,3 +141,27 @@ def test_an_arrival_waits_when_every_server_is_full() -> None:
         assert third.done() and third.result().chain.chain_id == "c0"
 
     run(body())
+
+
+def test_an_arrival_never_takes_a_cache_still_held_by_a_session_moving_away() -> None:
+    """Two full chains; a departure makes Mell move one session over, so its old server is half free in the
+    scheduler's books but still holds that session's cache until the move ends: a new arrival waits instead of
+    landing there (PETALS would refuse it: out of cache), and takes the slot when the move is done."""
+
+    async def body() -> None:
+        lm = MigratingLeaseManager(migration="mell")
+        lm.set_chains(CHAINS[:2], 1)
+        a, b, c, d = [await lm.acquire(timeout_s=1) for _ in range(4)]
+        assert [x.chain.chain_id for x in (a, b, c, d)] == ["c0", "c0", "c1", "c1"]
+        lm.release(a.lease_id)
+        mover = next(x for x in (c, d) if lm.offer(x.lease_id) is not None)
+        arrival = asyncio.create_task(lm.acquire(timeout_s=5))
+        await asyncio.sleep(0.01)
+        assert not arrival.done() and lm.queue_length() == 1
+        lm.complete(mover.lease_id)
+        await asyncio.sleep(0.01)
+        assert arrival.done() and arrival.result().chain.chain_id == "c1"
+        held = [x.chain.chain_id for x in lm.leases()]
+        assert sorted(held) == ["c0", "c0", "c1", "c1"]
+
+    run(body())
