@@ -55,6 +55,24 @@ class SpeedSwarm(LocalSwarm):
             else:
                 os.environ[SPEED_ENV] = old
 
+    def start(self, timeout_s: float = 300.0) -> SpeedSwarm:
+        """The orchestrator and the full-speed servers first; then each slowed server, told its per-block time as
+        the full-speed servers measured theirs divided by its speed (its own measurement would run before the
+        slowdown applies), so the orchestrator ranks the chains as they will run."""
+        self.start_orchestrator()
+        plain = [p for p in self.plans if p.name not in self.speeds]
+        for plan in plain:
+            self.start_server(plan)
+        self.wait_ready([p.name for p in plain], timeout_s)
+        taus = [r["tau_p_s"] for r in self.get("/servers")["servers"] if r["name"] not in self.speeds]
+        tau = float(np.mean(taus))
+        for plan in self.plans:
+            if plan.name in self.speeds:
+                extra = (*plan.extra_args, "--tau-p", f"{tau / self.speeds[plan.name]:.6f}")
+                self.start_server(ServerPlan(plan.name, plan.memory_budget, extra))
+        self.wait_ready([p.name for p in self.plans], timeout_s)
+        return self
+
     def set_policy(self, policy: str) -> dict[str, Any]:
         """Switch the orchestrator's migration policy (POST /migrations)."""
         assert self.url is not None
