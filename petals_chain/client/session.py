@@ -132,17 +132,14 @@ class LeasedInferenceSession(InferenceSession):
             except Exception as exc2:  # the reservation then expires with the lease, or goes when it ends
                 log.warning("telling the orchestrator that lease %s stays failed: %s", old.lease_id, exc2)
             return
+        switch.commit()  # the old caches are freed before the orchestrator frees their slot (as at close)
+        self._use_lease(target).stop()  # the orchestrator ends the old lease when told below
         try:
             orch.run(lambda c: c.migrated(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
-        except Exception as exc:  # the move was withdrawn meanwhile (the old lease ended, or a recomposition)
-            switch.rollback()
-            self._refused_moves.add(target.lease_id)
-            rec.error = f"the orchestrator did not take the move: {exc}"[:500]
-            log.warning("lease %s: the orchestrator did not take the move to %s; staying: %s", old.lease_id,
-                        target.lease_id, exc)
-            return
-        switch.commit()
-        self._use_lease(target).stop()  # the orchestrator ended the old lease when it took the move
+        except Exception as exc:  # the old lease expired meanwhile (its reservation with it): as any expired lease
+            rec.error = f"moved, but the orchestrator did not take the move: {exc}"[:500]
+            log.warning("lease %s: the orchestrator did not take the move to %s: %s", old.lease_id, target.lease_id,
+                        exc)
         rec.done_s = time.monotonic()
         log.info("lease %s moved to chain %s (%s, %d tokens) in %.3f s", old.lease_id, target.chain_id,
                  rec.mode, rec.tokens, rec.downtime_s)
