@@ -31,12 +31,13 @@ from petals_chain.loopback.swarm import ServerPlan
 NAME = "mell-consolidate"
 BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 POLICIES = (("worst-fit", "worst fit"), ("mell", "Mell"))
+LOAD = 0.8  # of the swarm's capacity as the orchestrator measured it
 
 
 def run(args: Any) -> Summary:
     """Start the swarm, replay under worst fit then Mell, write CSV + PNG, return the summary."""
     quick = bool(args.quick)
-    n, lo, hi = (10, 6, 24) if quick else (30, 8, 48)
+    n, lo, hi = (12, 8, 64) if quick else (30, 8, 96)
     rng = np.random.default_rng(args.seed)
     with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
         mdir, mname = model_dir(quick, Path(tmp))
@@ -49,7 +50,7 @@ def run(args: Any) -> Summary:
             sw.start(timeout_s=600)
             chains = sw.get("/chains")["chains"]
             service_s = float(np.mean([c["service_time_s"] for c in chains]))
-            rate = 0.5 * sum(c["capacity"] for c in chains) / service_s  # half the swarm's capacity
+            rate = LOAD * sum(c["capacity"] for c in chains) / service_s
             arrivals = poisson_arrivals(n, rate, rng)
             new_tokens = rng.integers(lo, hi + 1, n).tolist()
             from petals_chain import AutoDistributedModelForCausalLM
