@@ -107,8 +107,8 @@ def _summarize(runs: dict[str, list], stats: dict[str, dict], chains: list[dict]
         f"arrivals at {rate:.3f}/s, {lengths[0]}-{lengths[1]} new tokens each (uniform), the same arrivals, prompts "
         "and lengths under both packers",
         f"server-seconds used (a server counts while any session holds its cache): worst fit {total['worst-fit']:.1f} "
-        f"s, Mell {total['mell']:.1f} s ({100 * saving:+.1f} % less) over replays of {span['worst-fit']:.1f} s and "
-        f"{span['mell']:.1f} s",
+        f"s, Mell {total['mell']:.1f} s ({100 * abs(saving):.1f} % {'less' if saving >= 0 else 'more'}) over "
+        f"replays of {span['worst-fit']:.1f} s and {span['mell']:.1f} s",
         f"moves: Mell {stats['mell']['completed']} completed ({stats['mell']['failed']} failed, "
         f"{stats['mell']['dropped']} dropped), worst fit {stats['worst-fit']['completed']}",
         f"mean response: worst fit {resp['worst-fit']:.2f} s, Mell {resp['mell']:.2f} s (moves by token replay)",
