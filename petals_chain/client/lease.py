@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from petals_chain import defaults
@@ -25,14 +26,22 @@ class LeaseOptions:
     client: str | None = None
     max_failovers: int = 8  # per step: more failed chains than this and the step raises FailoverError
     reload_wait_s: float = 120.0  # how long a session waits for a server of its chain to finish loading its span
+    move_check_s: float = 0.5  # at a step boundary, ask whether to move (a renew) when the last ask is this old
+    move_link_bytes: float = 0.0  # per move, bytes of KV cache the link may carry (0: never KV transfer)
+    move_prefill_tokens: int = 1 << 30  # per move, tokens the new chain may re-prefill (token replay)
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "ttl_s", "reload_wait_s"):
+        for name in ("timeout_s", "ttl_s", "reload_wait_s", "move_check_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise SpecError(f"lease option '{name}' must be > 0 seconds, got {v!r}")
         if not (isinstance(self.max_failovers, int) and self.max_failovers >= 0):
             raise SpecError(f"lease option 'max_failovers' must be an integer >= 0, got {self.max_failovers!r}")
+        if not (isinstance(self.move_link_bytes, (int, float)) and self.move_link_bytes >= 0):
+            raise SpecError(f"lease option 'move_link_bytes' must be >= 0, got {self.move_link_bytes!r}")
+        if not (isinstance(self.move_prefill_tokens, int) and self.move_prefill_tokens >= 0):
+            raise SpecError(f"lease option 'move_prefill_tokens' must be an integer >= 0, got "
+                            f"{self.move_prefill_tokens!r}")
 
 
 class LeaseKeeper:
@@ -44,7 +53,25 @@ class LeaseKeeper:
         self.ttl_s = ttl_s
         self._released = False
         self._lock = threading.Lock()
+        self.move_to: LeaseInfo | None = None  # a move the orchestrator offered in a renew reply
+        self.checked_s = time.monotonic()
         self._renewer = orch.spawn(self._renew_loop())
+
+    def _heard(self, info: LeaseInfo) -> None:
+        """Note a renew reply: a move offered, or none any more."""
+        self.move_to = info.migrate_to
+        self.checked_s = time.monotonic()
+
+    def check(self) -> LeaseInfo | None:
+        """Renew now (at a step boundary) and return the move offered, if any; None when the orchestrator cannot
+        be asked (the background renewals go on)."""
+        try:
+            self._heard(self.orch.run(lambda c: c.renew(self.info.lease_id), timeout_s=defaults.CALL_TIMEOUT_S))
+        except Exception as exc:  # an answer next time, or the background renewer sees the lease gone
+            log.debug("checking lease %s: %s", self.info.lease_id, exc)
+            self.checked_s = time.monotonic()
+            return None
+        return self.move_to
 
     def stop(self) -> None:
         """Stop renewing without releasing: the orchestrator already ended this lease (reported failure)."""
@@ -58,7 +85,7 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                await client.renew(self.info.lease_id)
+                self._heard(await client.renew(self.info.lease_id))
             except OrchestratorError as exc:
                 log.warning("lease %s could not be renewed: %s", self.info.lease_id, exc.message)
                 return

@@ -1,4 +1,4 @@
-"""What a leased inference session records: its lease, chain and route, its waits, and each failover."""
+"""What a leased inference session records: its lease, chain and route, its waits, each failover and each move."""
 
 from __future__ import annotations
 
@@ -34,6 +34,27 @@ class FailoverRecord:
 
 
 @dataclass
+class MigrationRecord:
+    """One move of a leased session to another chain at a step boundary (docs/migration.md): from which lease and
+    chain to which, in which mode, how many tokens it carried, how long the step it delayed waited, and why not."""
+
+    from_lease: str
+    from_chain: str
+    to_lease: str
+    to_chain: str
+    mode: str
+    tokens: int
+    started_s: float  # time.monotonic() when the move began (a step boundary)
+    done_s: float | None = None  # when the session ran on the new chain (None: it failed)
+    error: str | None = None  # why it failed; the session then stayed on its old chain
+
+    @property
+    def downtime_s(self) -> float | None:
+        """The extra gap the move put before the next step."""
+        return None if self.done_s is None else self.done_s - self.started_s
+
+
+@dataclass
 class SessionRecord:
     """What one leased session did: its chain, how long it waited for a slot and how long it was served."""
 
@@ -48,6 +69,7 @@ class SessionRecord:
     service_s: float | None = None  # lease granted → session closed
     error: str | None = None
     failovers: list[FailoverRecord] = field(default_factory=list)  # lease/chain/spans above: the last lease
+    migrations: list[MigrationRecord] = field(default_factory=list)
 
     @property
     def response_s(self) -> float | None:

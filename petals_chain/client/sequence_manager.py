@@ -16,6 +16,8 @@ from petals_chain.orchestrator.client import LeaseInfo
 
 log = logging.getLogger(__name__)
 
+ALLOC_WAIT_S = 5.0  # how long a server may wait for cache to free up before refusing a leased session
+
 
 class LeaseRouteError(RuntimeError):
     """A lease's spans do not cover the blocks a session needs, or name a server without a peer id."""
@@ -51,6 +53,14 @@ class OrchestratedSequenceManager(RemoteSequenceManager):
         view.config = copy.copy(self.config)
         view.config.max_retries = 1
         return view
+
+    def get_request_metadata(self, protocol: str, *args: Any, **kwargs: Any) -> dict | None:
+        """petals' metadata; a leased session's cache may wait ALLOC_WAIT_S on a server whose previous holder is
+        still closing (its slot was freed by a release or a move a moment before), instead of failing at once."""
+        meta = super().get_request_metadata(protocol, *args, **kwargs)
+        if self.lease is not None and protocol == "rpc_inference" and isinstance(meta, dict):
+            meta.setdefault("alloc_timeout", ALLOC_WAIT_S)
+        return meta
 
     def on_request_failure(self, peer_id: Any) -> None:
         """Remember the failed peer (for the leased session's failover), then petals' own bookkeeping."""

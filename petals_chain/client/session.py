@@ -11,6 +11,10 @@ old one's place), takes a new lease (its chain was retired by a recomposition), 
 its span; then it replays the whole session's inputs along the (new) chain and finishes the step, so the output
 stays token-identical. The old lease is never kept and the current one is released at close. patches/0002 makes
 petals notice a dead server within about a second (see patches/README.md).
+
+Migration: at a step boundary the session asks (a renew, at most every ``move_check_s``) whether the orchestrator
+offers a move; if so a :class:`~petals_chain.client.migration.Migrator` (token replay) builds its state on the new
+chain, the orchestrator is told, and only then are the old server sessions closed (docs/migration.md, "Protocol").
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from petals.utils.misc import is_dummy
 
 from petals_chain import defaults
 from petals_chain.client.lease import LeaseKeeper
-from petals_chain.client.records import FailoverRecord, SessionRecord
+from petals_chain.client.migration import MigrationError, choose_mode, kv_bytes_per_token, migrator_for
+from petals_chain.client.records import FailoverRecord, MigrationRecord, SessionRecord
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
 
@@ -47,6 +52,7 @@ class LeasedInferenceSession(InferenceSession):
         self._base_manager = sequence_manager
         self._history: torch.Tensor | None = None  # every input stepped so far: replayed on a replacement chain
         self._refusals = 0
+        self._refused_moves: set[str] = set()  # reserved leases this session could not move to: never tried again
         super().__init__(sequence_manager, max_length)
 
     @property
@@ -87,6 +93,57 @@ class LeasedInferenceSession(InferenceSession):
             r.spans = tuple((s.server, s.start, s.end) for s in info.spans)
         return old
 
+    @property
+    def history(self) -> torch.Tensor | None:
+        """Every input stepped so far (batch × tokens × hidden), what a replay sends again."""
+        return self._history
+
+    # ---- migration --------------------------------------------------------------------------------------------
+
+    def _maybe_move(self) -> None:
+        """At a step boundary: if the orchestrator offered a move (asked by a renew at most every move_check_s),
+        carry it out; a move that fails leaves the session on its old chain and the orchestrator is told."""
+        keeper, opts = self._keeper, self._base_manager.options
+        target = keeper.move_to
+        if target is None and time.monotonic() - keeper.checked_s >= opts.move_check_s:
+            target = keeper.check()
+        if target is None or target.lease_id in self._refused_moves:
+            return
+        mode = choose_mode(self._position, kv_bytes_per_token(self._sequence_manager.config), opts.move_link_bytes,
+                           opts.move_prefill_tokens)
+        migrator = migrator_for(mode)
+        if migrator is None:
+            return  # deferred: the offer stands, the next boundary asks again
+        keeper.move_to = None
+        old, orch = keeper.info, self._base_manager.orchestrator
+        rec = MigrationRecord(old.lease_id, old.chain_id, target.lease_id, target.chain_id, migrator.mode.value,
+                              self._position, time.monotonic())
+        if self.record is not None:
+            self.record.migrations.append(rec)
+        try:
+            switch = migrator.migrate(self, target)
+        except MigrationError as exc:
+            self._refused_moves.add(target.lease_id)
+            rec.error = str(exc)[:500]
+            log.warning("lease %s: could not move to chain %s; staying on chain %s: %s", old.lease_id,
+                        target.chain_id, old.chain_id, exc)
+            try:
+                orch.run(lambda c: c.migration_failed(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+            except Exception as exc2:  # the reservation then expires with the lease, or goes when it ends
+                log.warning("telling the orchestrator that lease %s stays failed: %s", old.lease_id, exc2)
+            return
+        switch.commit()  # the old caches are freed before the orchestrator frees their slot (as at close)
+        self._use_lease(target).stop()  # the orchestrator ends the old lease when told below
+        try:
+            orch.run(lambda c: c.migrated(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+        except Exception as exc:  # the old lease expired meanwhile (its reservation with it): as any expired lease
+            rec.error = f"moved, but the orchestrator did not take the move: {exc}"[:500]
+            log.warning("lease %s: the orchestrator did not take the move to %s: %s", old.lease_id, target.lease_id,
+                        exc)
+        rec.done_s = time.monotonic()
+        log.info("lease %s moved to chain %s (%s, %d tokens) in %.3f s", old.lease_id, target.chain_id,
+                 rec.mode, rec.tokens, rec.downtime_s)
+
     # ---- failover ---------------------------------------------------------------------------------------------
 
     def step(self, inputs: torch.Tensor, prompts: torch.Tensor | None = None,
@@ -95,6 +152,8 @@ class LeasedInferenceSession(InferenceSession):
         inputs there and finish the step (the outputs are the ones the old chain would have given)."""
         if self._keeper is None:
             return super().step(inputs, prompts, hypo_ids)
+        if self._history is not None:
+            self._maybe_move()
         prefix = self._history
         if prefix is not None and hypo_ids is not None and not is_dummy(hypo_ids):
             prefix = prefix[hypo_ids.cpu()]  # the servers reorder their caches by hypo_ids before this step

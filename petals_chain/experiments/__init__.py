@@ -30,6 +30,8 @@ EXPERIMENTS: dict[str, str] = {
     "mell-fig14": "mell_fig14",
     "mell-fig15": "mell_fig15",
     "mell-downtime": "mell_downtime",  # live: SmolLM2 swarm, KV transfer vs token replay (root for the tbf cap)
+    "mell-consolidate": "mell_consolidate",  # live: Mell packs sessions on a loopback swarm vs worst fit
+    "migration-jffc": "migration_jffc",  # live: JFFC with session migration on a loopback swarm (docs/migration.md)
     "torta-fig5a": "torta_fig5a",
     "torta-fig8": "torta_fig8",
     "torta-fig9": "torta_fig9",

@@ -14,9 +14,11 @@ GET /swarm (what a client needs to join: the DHT's initial peers and prefix, the
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} (answers the server's ``secret``) ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} · POST /servers/{name}/evict {reason?, resume?} ·
-POST /servers/{name}/drain {reason?, resume?} ·
+POST /servers/{name}/cordon {reason?, resume?} (no new leases through it) ·
+POST /servers/{name}/drain {wait_s?, timeout_s?} (move its sessions off, then it leaves) · GET /servers/{name}/drain ·
 POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
-POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
+POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease) ·
+POST /lease/{id}/migrated · POST /lease/{id}/migration-failed · GET|POST /migrations {policy} (docs/migration.md).
 Errors: 400 malformed/invalid field, 401 missing or unknown token, 403 not this caller's to do, 404 unknown
 lease/server, 409 block claim not given or peer id held by another server, 410 heartbeat from a server marked dead,
 413 body too large, 429 too many false failure reports, 503 no chain within timeout_s or queue full.
@@ -41,6 +43,8 @@ from petals_chain.orchestrator.auth import OPEN_ROUTES, SECRET_HEADER, Caller, C
     UnauthorizedError
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.drain import DrainBody, drain_status
+from petals_chain.orchestrator.migration import MigratingLeaseManager, PolicyBody
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
 from petals_chain.orchestrator.suspects import RateLimitedError
 from petals_chain.orchestrator.trust import Trust
@@ -257,7 +261,7 @@ async def _evict(request: web.Request) -> web.Response:
     """POST /servers/{name}/evict (operator): mark the server dead, revoke its secret and refuse its name until the
     operator lifts the ban (``resume``); its chains go at once."""
     orch, guard = request.app[ORCH_KEY], request.app[GUARD_KEY]
-    body = await bodies.read(request, bodies.DrainBody, required=False)
+    body = await bodies.read(request, bodies.CordonBody, required=False)
     rec = orch.registry.get(check_name(request.match_info["name"]))
     if body.resume:
         guard.banned.pop(rec.name, None)
@@ -272,19 +276,30 @@ async def _evict(request: web.Request) -> web.Response:
     return _json(reply)
 
 
-async def _drain(request: web.Request) -> web.Response:
-    """POST /servers/{name}/drain (operator): no new leases through the server (``resume``: undo)."""
+async def _cordon(request: web.Request) -> web.Response:
+    """POST /servers/{name}/cordon (operator): no new leases through the server (``resume``: undo); unlike a drain
+    its sessions stay and it does not leave."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.DrainBody, required=False)
+    body = await bodies.read(request, bodies.CordonBody, required=False)
     name = check_name(request.match_info["name"])
     trust = orch.trust if orch.trust is not None else Trust(orch)
     if body.resume:
-        trust.resume(name)
+        trust.uncordon(name)
     else:
-        trust.drain(name, body.reason)
+        trust.cordon(name, body.reason)
     reply = _server_reply(orch, orch.registry.get(name))
-    reply["drained"] = name in trust.drained
+    reply["cordoned"] = name in trust.cordoned
     return _json(reply)
+
+
+async def _drain(request: web.Request) -> web.Response:
+    """POST /servers/{name}/drain: move every session off the server, then it leaves (GET: the drain's status)."""
+    orch = request.app[ORCH_KEY]
+    name = request.match_info["name"]
+    if request.method == "GET":
+        return _json(drain_status(orch, name))
+    body = await bodies.read(request, DrainBody, required=False)
+    return _json(await orch.drain(name, wait_s=body.wait_s, timeout_s=body.timeout_s))
 
 
 async def _lease(request: web.Request) -> web.Response:
@@ -300,7 +315,42 @@ async def _renew(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.RenewBody, required=False)
     lease = orch.leases.renew(request.match_info["lease_id"], body.ttl_s)
+    reply = orch.lease_json(lease)
+    target = orch.leases.offer(lease.lease_id) if hasattr(orch.leases, "offer") else None
+    if target is not None:  # a move was decided: the holder moves at its next step boundary
+        reply["migrate_to"] = orch.lease_json(target)
+    return _json(reply)
+
+
+async def _migrated(request: web.Request) -> web.Response:
+    """POST /lease/{id}/migrated: the holder runs on the lease it was offered; the old one ends (404 if none)."""
+    orch = request.app[ORCH_KEY]
+    lease = _moving(orch).complete(request.match_info["lease_id"])
     return _json(orch.lease_json(lease))
+
+
+async def _migration_failed(request: web.Request) -> web.Response:
+    """POST /lease/{id}/migration-failed: the holder could not move; it keeps this lease, the reservation ends."""
+    orch = request.app[ORCH_KEY]
+    lease = _moving(orch).fail(request.match_info["lease_id"])
+    return _json(orch.lease_json(lease))
+
+
+async def _migrations(request: web.Request) -> web.Response:
+    """GET /migrations: the migration policy, counts and pending moves; POST {policy}: switch the policy (an
+    operator's switch, e.g. to compare plain JFFC with JFFC with migration on one swarm)."""
+    leases = _moving(request.app[ORCH_KEY])
+    if request.method == "POST":
+        leases.set_policy((await bodies.read(request, PolicyBody)).policy)
+    return _json(leases.migration_json())
+
+
+def _moving(orch: Orchestrator) -> MigratingLeaseManager:
+    """The orchestrator's lease manager if it moves sessions, else a 400."""
+    if not isinstance(orch.leases, MigratingLeaseManager):
+        raise BadRequestError(f"this orchestrator's lease manager ({type(orch.leases).__name__}) cannot move "
+                              "sessions")
+    return orch.leases
 
 
 async def _release(request: web.Request) -> web.Response:
@@ -346,12 +396,18 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     app.router.add_get("/servers/{name}/assignment", _assignment)
     app.router.add_post("/servers/{name}/leave", _leave)
     app.router.add_post("/servers/{name}/evict", _evict)
+    app.router.add_post("/servers/{name}/cordon", _cordon)
     app.router.add_post("/servers/{name}/drain", _drain)
+    app.router.add_get("/servers/{name}/drain", _drain)
+    app.router.add_get("/migrations", _migrations)
+    app.router.add_post("/migrations", _migrations)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)
     app.router.add_post("/lease/{lease_id}/report-failure", _report_failure)
     dashboard.add_routes(app, ORCH_KEY)
+    app.router.add_post("/lease/{lease_id}/migrated", _migrated)
+    app.router.add_post("/lease/{lease_id}/migration-failed", _migration_failed)
 
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""

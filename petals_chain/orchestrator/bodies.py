@@ -111,10 +111,10 @@ class LeaveBody(Body):
     reason: Label = "left"
 
 
-class DrainBody(Body):
-    """POST /servers/{name}/drain: why (free text); ``resume`` undoes a drain."""
+class CordonBody(Body):
+    """POST /servers/{name}/cordon (and /evict): why (free text); ``resume`` undoes it."""
 
-    reason: Label = "drained by the operator"
+    reason: Label = "cordoned by the operator"
     resume: StrictBool = False
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import sys
@@ -31,6 +32,7 @@ from petals_chain.orchestrator.bodies import MAX_TTL_S
 from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
 from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
 from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.cli_args import (
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
 
 TOKEN_ENV = SHARED_ENV
-LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: LeaseManager,
+LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
                                                               Routing.WS_RR: WsRrLeaseManager}
 BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
 
@@ -115,6 +117,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a registered server silent this long is marked dead (0 disables)")
     s.add_argument("--max-memory-bytes", type=size_range(gt=0), metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd (e.g. 1PB)")
+    s.add_argument("--migration", default="none", choices=MIGRATION_POLICIES,
+                   help="move running sessions between chains: 'jffc' moves the slowest busy chain's session to a "
+                        "faster chain's freed slot (JFFC with migration); drains work either way (default none)")
     s.add_argument("--max-waiting", type=count_arg, default=defaults.MAX_WAITING,
                    help="most lease requests allowed to wait at once")
     s.add_argument("--offer-unready-chains", action="store_true",
@@ -217,7 +222,7 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
         max_waiting=args.max_waiting,
         pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
         offer_when_serving=not args.offer_unready_chains,
-        lease_manager=LEASE_MANAGERS[method.routing],
+        lease_manager=_lease_manager(method, args),
     )
     orch.model_source = model_source
     if planned:
@@ -225,6 +230,17 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
         if registry.composition is None:
             print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
     return orch, method
+
+
+def _lease_manager(method: Method, args: argparse.Namespace) -> Callable[..., LeaseManager]:
+    """The method's lease manager; JFFC's moves sessions by ``--migration``."""
+    factory = LEASE_MANAGERS[method.routing]
+    migration = getattr(args, "migration", "none")
+    if factory is MigratingLeaseManager:
+        return functools.partial(MigratingLeaseManager, migration=migration)
+    if migration != "none":
+        raise SpecError(f"--migration {migration} needs JFFC leases; method {method.name!r} routes otherwise")
+    return factory
 
 
 async def _run(args: argparse.Namespace) -> None:

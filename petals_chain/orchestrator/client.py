@@ -61,12 +61,15 @@ class LeaseInfo:
     ttl_s: float
     waited_s: float
     replaces: str | None = None
+    migrate_to: LeaseInfo | None = None  # on a renew reply: the lease the orchestrator reserved for a move
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LeaseInfo:
         """Parse the API's lease object."""
         spans = tuple(Span(s["server"], s.get("peer_id"), s.get("address"), s["start"], s["end"]) for s in d["spans"])
-        return cls(d["lease_id"], d["chain_id"], d["version"], spans, d["ttl_s"], d["waited_s"], d.get("replaces"))
+        move = cls.from_json(d["migrate_to"]) if d.get("migrate_to") else None
+        return cls(d["lease_id"], d["chain_id"], d["version"], spans, d["ttl_s"], d["waited_s"], d.get("replaces"),
+                   move)
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,14 @@ class OrchestratorClient:
         """Give the slot back (the next waiting request gets it)."""
         return await self._call("POST", f"/lease/{lease_id}/release")
 
+    async def migrated(self, lease_id: str) -> LeaseInfo:
+        """The session of ``lease_id`` now runs on the lease it was offered: the old one ends."""
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migrated"))
+
+    async def migration_failed(self, lease_id: str) -> LeaseInfo:
+        """The session of ``lease_id`` could not move: it keeps this lease, the reservation ends."""
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migration-failed"))
+
     async def report_failure(self, lease_id: str, server: str, *,
                              timeout_s: float = defaults.LEASE_WAIT_S) -> LeaseInfo:
         """Tell the orchestrator ``server`` failed under this lease; returns the replacement lease."""
@@ -200,6 +211,13 @@ class OrchestratorClient:
         """Tell the orchestrator this server is going away (it is marked dead and its chains retired)."""
         return await self._call("POST", f"/servers/{name}/leave", {"reason": reason}, headers=self._as_server(name))
 
+    async def drain(self, name: str, *, wait_s: float = 0.0, timeout_s: float | None = None) -> dict[str, Any]:
+        """Move every session off server ``name``, then it leaves; waits at most wait_s for that to end."""
+        body: dict[str, Any] = {"wait_s": float(wait_s)}
+        if timeout_s is not None:
+            body["timeout_s"] = float(timeout_s)
+        return await self._call("POST", f"/servers/{name}/drain", body, wait_s + self.request_timeout_s)
+
     async def assignment(self, name: str) -> AssignmentInfo | None:
         """The blocks the orchestrator wants ``name`` to hold."""
         return AssignmentInfo.from_reply(await self._call("GET", f"/servers/{name}/assignment",
@@ -209,9 +227,9 @@ class OrchestratorClient:
         """(operator) Mark ``name`` dead and revoke its secret."""
         return await self._call("POST", f"/servers/{name}/evict", {"reason": reason})
 
-    async def drain(self, name: str, reason: str = "drained", *, resume: bool = False) -> dict[str, Any]:
+    async def cordon(self, name: str, reason: str = "cordoned", *, resume: bool = False) -> dict[str, Any]:
         """(operator) Stop new leases through ``name`` (``resume``: start them again)."""
-        return await self._call("POST", f"/servers/{name}/drain", {"reason": reason, "resume": resume})
+        return await self._call("POST", f"/servers/{name}/cordon", {"reason": reason, "resume": resume})
 
     # ---- views ----------------------------------------------------------------------------------
 

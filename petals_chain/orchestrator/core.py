@@ -20,7 +20,9 @@ from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.bodies import BadRequestError, HeartbeatBody, RegisterBody
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
+from petals_chain.orchestrator.drain import DRAIN_TIMEOUT_S, drain_server
 from petals_chain.orchestrator.leases import Lease, LeaseManager
+from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.metrics import new_metrics_registry
 from petals_chain.orchestrator.registry import Registry, ServerRecord
 
@@ -43,7 +45,7 @@ class Orchestrator:
         clock: Callable[[], float] = time.monotonic,
         pinned: Mapping[str, ServerSpec] | None = None,
         offer_when_serving: bool = False,
-        lease_manager: Callable[..., LeaseManager] = LeaseManager,
+        lease_manager: Callable[..., LeaseManager] = MigratingLeaseManager,
     ) -> None:
         if heartbeat_timeout_s is not None and not (
                 isinstance(heartbeat_timeout_s, (int, float)) and math.isfinite(heartbeat_timeout_s)
@@ -68,6 +70,7 @@ class Orchestrator:
         self.http_errors: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._applied_generation = -1
+        self.draining: dict[str, asyncio.Task] = {}  # servers being drained: their chains are not offered
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
         self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
         self.model_source: dict[str, Any] | None = None  # with --model: {"source", "torch_dtype", "quant_type", ...}
@@ -114,6 +117,8 @@ class Orchestrator:
     def _ready(self, chain: ChainInfo) -> bool:
         """Every server of the chain is alive (and, with offer_when_serving, serves its span there)."""
         for span in chain.spans:
+            if span.server in self.draining:
+                return False
             rec = self.registry.servers.get(span.server)
             if rec is None or not rec.alive:
                 return False
@@ -147,6 +152,7 @@ class Orchestrator:
 
     async def register(self, body: RegisterBody) -> ServerRecord:
         """Register or refresh a server; recompose if the live set or its figures changed."""
+        self.draining.pop(body.name, None)  # a server that comes back after a drain serves again
         spec = self.pinned.get(body.name)
         tau_p, tau_c, memory = body.tau_p_s, body.tau_c_s, body.memory_bytes
         if spec is not None:
@@ -189,6 +195,11 @@ class Orchestrator:
         if self.registry.mark_dead(name, reason):
             self._offer()  # stop offering its chains at once, before the recomposition lands
             await self.recompose()
+
+    async def drain(self, name: str, *, wait_s: float = 0.0,
+                    timeout_s: float = DRAIN_TIMEOUT_S) -> dict[str, Any]:
+        """Move every session off server ``name``, then let it leave (docs/migration.md, "Drain")."""
+        return await drain_server(self, name, wait_s=wait_s, timeout_s=timeout_s)
 
     # ---- leases ---------------------------------------------------------------------------------
 

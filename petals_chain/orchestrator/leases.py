@@ -178,15 +178,13 @@ class LeaseManager:
         self._epoch += 1
         self._version = version
         self._chains = list(chains or [])
-        self._policy = (
-            JFFC([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains]) if self._chains else None
-        )
+        self._policy = self._new_policy() if self._chains else None
         index = {}
         for k, c in enumerate(self._chains):
             index.setdefault(c.key, k)
         for lease in sorted(self._leases.values(), key=lambda x: x.job):
             k = index.get(lease.chain.key)
-            if self._policy is not None and k is not None and self._policy.occupy(k):
+            if self._policy is not None and k is not None and self._carry(k, lease):
                 lease.chain_index, lease.epoch = k, self._epoch
             else:
                 lease.chain_index = None
@@ -196,6 +194,14 @@ class LeaseManager:
                 self._parked.append(job)
             else:
                 self._start_all(self._policy.on_arrival(job, now), now)
+
+    def _new_policy(self) -> JFFC:
+        """The dispatch policy over the chains offered now (JFFC; a subclass may pack instead)."""
+        return JFFC([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
+
+    def _carry(self, k: int, lease: Lease) -> bool:
+        """A lease carried over a recomposition takes a slot of its chain, index ``k`` now; False if full."""
+        return self._policy.occupy(k)
 
     @property
     def version(self) -> int:

@@ -1,11 +1,11 @@
-"""What the orchestrator believes about servers: seen in the DHT, serving what they claim, suspect, drained.
+"""What the orchestrator believes about servers: seen in the DHT, serving what they claim, suspect, cordoned.
 
 With a :class:`~petals_chain.orchestrator.verify.PeerVerifier` (the orchestrator runs a DHT node) a registration
 is not taken on the server's word: the server is held out of the composition until its peer id answers in the DHT,
 and a chain through it is offered only once the DHT shows the peer announcing the span it was given and the peer
 answers for it directly. A failure report makes a server *suspect*: the orchestrator probes it and marks it dead only
 if the probe fails; a false report changes nothing and counts against its reporter (:mod:`.suspects`). The
-operator's drain withdraws a server's chains from new leases. docs/trust.md.
+operator's cordon withdraws a server's chains from new leases. docs/trust.md.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Trust:
         self.verify_timeout_s = verify_timeout_s
         self.limiter = limiter or FalseReportLimiter(orch.clock)
         self.verified: dict[str, tuple[str, int, int]] = {}  # name → (peer id, start, end) seen served
-        self.drained: dict[str, str] = {}  # name → why the operator drained it
+        self.cordoned: dict[str, str] = {}  # name → why the operator cordoned it (no new leases through it)
         self.false_reports = 0
         self._since: dict[tuple[str, str | None, int, int], float] = {}  # what awaits proof → since when
         self._checks: dict[str, asyncio.Task[bool]] = {}  # suspect → its running check (shared by reporters)
@@ -48,8 +48,8 @@ class Trust:
     # ---- offering ---------------------------------------------------------------------------------
 
     def may_offer(self, name: str, start: int, end: int) -> bool:
-        """A hop start:end on ``name`` may be leased: not drained and, with a verifier, seen served."""
-        if name in self.drained:
+        """A hop start:end on ``name`` may be leased: not cordoned and, with a verifier, seen served."""
+        if name in self.cordoned:
             return False
         if self.verifier is None:
             return True
@@ -58,16 +58,17 @@ class Trust:
         return (rec is not None and seen is not None and seen[0] == rec.peer_id
                 and seen[1] <= start and end <= seen[2])
 
-    def drain(self, name: str, reason: str) -> None:
-        """No new leases on chains through ``name`` (leases held now run on); it keeps its blocks."""
+    def cordon(self, name: str, reason: str) -> None:
+        """No new leases on chains through ``name`` (leases held now run on); it keeps its blocks. (A drain, which
+        also moves the sessions off and lets the server leave, is :mod:`petals_chain.orchestrator.drain`.)"""
         self.orch.registry.get(name)
-        self.drained[name] = reason
+        self.cordoned[name] = reason
         self.orch.refresh_offer()
 
-    def resume(self, name: str) -> None:
-        """Undo a drain."""
+    def uncordon(self, name: str) -> None:
+        """Undo a cordon."""
         self.orch.registry.get(name)
-        self.drained.pop(name, None)
+        self.cordoned.pop(name, None)
         self.orch.refresh_offer()
 
     # ---- registration -----------------------------------------------------------------------------

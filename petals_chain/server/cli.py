@@ -26,6 +26,8 @@ from petals_chain.cli_args import EXIT_BAD_INPUT, OneLineParser, checked_text, d
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
 
+DRAIN_TIMEOUT_S = 60.0  # on SIGTERM: how long the server waits for the orchestrator to move its sessions away
+
 
 def _reserve(text: str) -> float | None:
     """``--reserve``: 'auto' (None) or a size (bytes); UnitError on anything else."""
@@ -71,6 +73,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="how often blocks are re-announced in the DHT")
     p.add_argument("--request-timeout", "--request-timeout-s", dest="request_timeout_s", type=duration_range(gt=0),
                    metavar="DURATION", default=defaults.SERVER_REQUEST_TIMEOUT_S)
+    p.add_argument("--drain-timeout", "--drain-timeout-s", dest="drain_timeout_s", type=duration_range(ge=0),
+                   metavar="DURATION", default=DRAIN_TIMEOUT_S,
+                   help="on SIGTERM, ask the orchestrator to move this server's sessions elsewhere and wait at most "
+                        "this long before leaving (0: leave at once)")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return p.parse_args(argv)
@@ -173,11 +179,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # transformers' deprecation notice about torch's pytree API, printed on import: noise around a one-line error
     warnings.filterwarnings("ignore", message=".*_register_pytree_node", category=FutureWarning)
     main_pid = os.getpid()
+    built: list[Any] = []  # the server, once registered: SIGTERM drains it first
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        """SIGTERM: the main process leaves the orchestrator and stops; a forked child (DHT, handler) just exits."""
+        """SIGTERM: the main process has its sessions moved elsewhere (a drain, while it still serves), leaves the
+        orchestrator and stops; a forked child (DHT, handler) just exits."""
         if os.getpid() != main_pid:
             os._exit(128 + signum)
+        if built and args.drain_timeout_s > 0:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one drain; a second SIGTERM waits for it
+            built.pop().drain_self(args.drain_timeout_s)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -192,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = build_server(args)
         print(f"server {server.profile.name!r} registered: peer {server.peer_id}", flush=True)
         server.start_heartbeats()
+        built.append(server)
         server.run()
     except (SpecError, RegistrationError, ClaimRefusedError, OrchestratorUnreachableError, OrchestratorError,
             TimeoutError) as exc:

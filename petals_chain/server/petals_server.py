@@ -24,6 +24,7 @@ from petals_chain import defaults
 from petals_chain.model import SpecError, span_text
 from petals_chain.service_time import Workload, tau_c
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
+from petals_chain.orchestrator.drain import DRAINED_REASON
 from petals_chain.orchestrator.client import AssignmentInfo, OrchestratorError
 from petals_chain.checkpoint.sizing import BlockSizes
 from petals_chain.server.kv_handler import install_kv_transfer
@@ -166,6 +167,11 @@ class OrchestratedServer(Server):
         try:
             a = self.orch.run(lambda c: c.heartbeat(self.profile.name, serving=span), timeout_s=defaults.CALL_TIMEOUT_S)
         except OrchestratorError as exc:
+            if exc.status == 410 and f"({DRAINED_REASON}" in exc.message:  # drained: our sessions moved, we leave
+                log.info("the orchestrator drained this server: leaving")
+                self._hb_stop.set()
+                self.stop.set()
+                return None
             if exc.status in (401, 404, 410):  # orchestrator restarted (forgot us or our secret), or buried us
                 log.warning("orchestrator answered %s (%s); registering again", exc.status, exc.message)
                 return self.register()
@@ -285,6 +291,20 @@ class OrchestratedServer(Server):
             pass
         if self._fatal is not None:
             raise self._fatal
+
+    def drain_self(self, timeout_s: float) -> dict[str, Any] | None:
+        """Ask the orchestrator to move every session off this server and wait (at most timeout_s) until it has;
+        we keep serving meanwhile. Returns the drain's status (None if the orchestrator could not be asked)."""
+        name = self.profile.name
+        log.info("draining %s: waiting up to %g s for its sessions to move", name, timeout_s)
+        try:
+            status = self.orch.run(lambda c: c.drain(name, wait_s=timeout_s, timeout_s=timeout_s),
+                                   timeout_s=timeout_s + defaults.CALL_TIMEOUT_S)
+        except Exception as exc:  # leave anyway: sessions then fail over
+            log.warning("could not drain %s: %s", name, exc)
+            return None
+        log.info("drained %s: %s", name, status)
+        return status
 
     def shutdown(self, timeout: float | None = 5, *, leave_reason: str | None = "shutting down") -> None:
         """Tell the orchestrator we leave (so it stops offering our chains at once), then stop petals' server."""

@@ -242,7 +242,7 @@ async def _call(http: aiohttp.ClientSession, method: str, url: str, token: str |
 
 
 def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None:
-    """Clients lease, servers join, the operator evicts/drains; heartbeats, leaves and re-registrations need the
+    """Clients lease, servers join, the operator evicts/cordons; heartbeats, leaves and re-registrations need the
     server's own secret; the probe's spoofed heartbeat (serving 0:0 in another's name) is a 403 that changes nothing."""
 
     async def body() -> None:
@@ -287,21 +287,22 @@ def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None
             assert (await _call(http, "POST", url + "/servers/heartbeat", secrets["a"], beat))[0] == 200
             assert orch.leases.free_capacity() == capacity
 
-            # clients lease; servers and the operator do not; evict/drain are the operator's alone
+            # clients lease; servers and the operator do not; evict/cordon are the operator's alone
             assert (await _call(http, "POST", url + "/lease", "s-tok", {"timeout_s": 1}))[0] == 403
             for token in ("c-tok", "s-tok", secrets["a"]):
                 assert (await _call(http, "POST", url + "/servers/b/evict", token, {}))[0] == 403
-                assert (await _call(http, "POST", url + "/servers/b/drain", token, {}))[0] == 403
+                assert (await _call(http, "POST", url + "/servers/b/cordon", token, {}))[0] == 403
+                assert (await _call(http, "POST", url + "/servers/b/drain", token, {}))[0] == 403  # a's secret: not b
                 assert (await _call(http, "GET", url + "/metrics", token))[0] == 403
             assert (await _call(http, "GET", url + "/metrics", None))[0] == 401
             async with http.get(url + "/metrics", headers={"Authorization": "Bearer o-tok"}) as r:
                 assert r.status == 200 and "petals_chain_queue_length" in await r.text()
 
-            status, reply = await _call(http, "POST", url + "/servers/a/drain", "o-tok", {"reason": "maintenance"})
-            assert status == 200 and reply["drained"] is True
+            status, reply = await _call(http, "POST", url + "/servers/a/cordon", "o-tok", {"reason": "maintenance"})
+            assert status == 200 and reply["cordoned"] is True
             assert all("a" not in [s.server for s in c.spans] for c in orch.leases.snapshot().chains)
             assert orch.registry.servers["a"].alive and orch.registry.servers["a"].assignment.num_blocks > 0
-            assert (await _call(http, "POST", url + "/servers/a/drain", "o-tok", {"resume": True}))[0] == 200
+            assert (await _call(http, "POST", url + "/servers/a/cordon", "o-tok", {"resume": True}))[0] == 200
             assert orch.leases.free_capacity() == capacity
 
             status, reply = await _call(http, "POST", url + "/servers/b/evict", "o-tok", {"reason": "misbehaves"})
@@ -334,7 +335,7 @@ def test_metrics_can_be_left_open_and_the_shared_token_grants_every_role() -> No
             await oc.heartbeat("a", serving=(0, 4))  # with the secret the client kept from the registration
             lease = await oc.lease(timeout_s=5)
             await oc.release(lease.lease_id)
-            await oc.drain("a")
+            await oc.cordon("a")
             await oc.evict("a")
             assert not orch.registry.servers["a"].alive
 
