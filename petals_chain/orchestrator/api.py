@@ -13,7 +13,8 @@ GET /servers ·
 POST /servers/register {name, memory_bytes, tau_p_s, tau_c_s, peer_id?, address?} ·
 POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GET /servers/{name}/assignment ·
 POST /servers/{name}/leave {reason?} ·
-POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
+POST /lease {timeout_s?, ttl_s?, client?, request_id?} (long-polls; 503 on timeout; a retry with the same
+request_id gets the lease already granted to it or its old place in line) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease).
 Errors: 400 malformed/invalid field, 401 token, 404 unknown lease/server, 409 block claim not given,
 410 heartbeat from a server marked dead, 503 no chain within timeout_s or queue full.
@@ -214,7 +215,8 @@ async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.LeaseBody, required=False)
-    lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client)
+    lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client,
+                                      request_id=body.request_id)
     return _json(orch.lease_json(lease))
 
 
@@ -272,6 +274,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None,
     async def stop_sweeper(app: web.Application) -> None:
         """Stop the sweeper and wake the waiters."""
         app[SWEEPER_KEY].cancel()
+        orch.leases.journal = None  # with --state-dir the stored queue outlives this shutdown; clients retry
         orch.leases.fail_waiters()
 
     app.on_startup.append(start_sweeper)

@@ -66,6 +66,8 @@ class Orchestrator:
         self._lock = asyncio.Lock()
         self._applied_generation = -1
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
+        # Called after every registration and recomposition (persist.py saves the registry there, --state-dir).
+        self.on_change: Callable[[], None] | None = None
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)
@@ -81,6 +83,8 @@ class Orchestrator:
         if hook is not None:
             hook(composition, version)
         self.recompositions += 1
+        if self.on_change is not None:
+            self.on_change()
         return version
 
     def recompose_now(self) -> int:
@@ -151,6 +155,8 @@ class Orchestrator:
             peer_id=body.peer_id,
             address=body.address,
         )
+        if self.on_change is not None:
+            self.on_change()  # its peer id or address may be new even when the composition stays
         if changed:
             await self.recompose()
         else:
