@@ -4,8 +4,10 @@ The orchestrator runs in a child process on a loopback port with a synthetic
 composition of ``--chains`` one-server chains (seeded capacities 1-8 and service
 times 5-20 s); this process drives ``--requests`` lease+release round trips at
 each ``--concurrency`` level and prints round trips per second and p50/p99
-latency. Then the pure JFFC decision time (µs) with no HTTP, and the in-process
-LeaseManager round trip, show where the time goes.
+latency, once per ``--persistence`` mode: off, and with ``--state-dir`` (SQLite in WAL mode,
+synchronous NORMAL or FULL), each mode its own orchestrator, measured in turns at each level so that
+the ratios against "off" come from the same run. Then the pure JFFC decision time (µs) with no HTTP,
+and the in-process LeaseManager round trip, show where the time goes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,8 +43,12 @@ def synthetic_composition(num_chains: int, rng: np.random.Generator) -> Composit
     return Composition(servers, MODEL, placement, chains, c=int(caps.max()))
 
 
-def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
-    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>."""
+PERSISTENCE_MODES = ("off", "normal", "full")  # no store; --state-dir with SQLite synchronous=NORMAL / FULL
+
+
+def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = None, sync: str = "NORMAL") -> None:
+    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
+    ``state_db`` when given (as --state-dir does)."""
     from petals_chain.orchestrator.api import build_app, serve
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.registry import Registry
@@ -51,7 +58,17 @@ def _serve_child(num_chains: int, seed: int, conn: Any) -> None:
     registry.add_planned(comp.servers)
     orch = Orchestrator(registry, heartbeat_timeout_s=None)
     orch.install(comp)
-    asyncio.run(serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port)))
+
+    async def main() -> None:
+        """Attach the store on the loop (restored waiters need it), then serve."""
+        if state_db is not None:
+            from petals_chain.orchestrator.persist import attach_state
+            from petals_chain.orchestrator.store import StateStore
+
+            attach_state(orch, StateStore(state_db, synchronous=sync), attach_grace_s=60.0)
+        await serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port))
+
+    asyncio.run(main())
 
 
 async def _http_level(url: str, concurrency: int, requests: int, warmup: int) -> dict[str, float]:
@@ -144,6 +161,25 @@ async def _lease_manager_us(comp: Composition, pairs: int) -> float:
     return (time.perf_counter() - t0) / pairs * 1e6
 
 
+def _start_children(args: argparse.Namespace, modes: list[str], tmp: Path) -> tuple[dict[str, str], list[Any]]:
+    """One orchestrator child per persistence mode; their URLs (once each listens) and processes."""
+    ctx = mp.get_context("spawn")
+    urls: dict[str, str] = {}
+    procs = []
+    for mode in modes:
+        parent, child = ctx.Pipe()
+        state = None if mode == "off" else str(tmp / f"{mode}.sqlite3")
+        proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, state, mode.upper()),
+                           daemon=True)
+        proc.start()
+        procs.append(proc)
+        if not parent.poll(120):
+            raise RuntimeError(f"the orchestrator child ({mode}) did not start within 120 s")
+        urls[mode] = f"http://127.0.0.1:{parent.recv()}"
+        print(f"orchestrator (persistence {mode}) at {urls[mode]} with {args.chains} chains (child pid {proc.pid})")
+    return urls, procs
+
+
 def run(argv: list[str] | None = None) -> int:
     """Print HTTP lease+release rates and latencies, then the JFFC and LeaseManager decision times."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.bench orchestrator", description=__doc__)
@@ -153,6 +189,8 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=200_000, help="arrival+departure pairs for the JFFC timing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer requests and pairs (a smoke run)")
+    p.add_argument("--persistence", nargs="+", choices=PERSISTENCE_MODES, default=list(PERSISTENCE_MODES),
+                   help="orchestrators to compare: off, and --state-dir with SQLite synchronous NORMAL / FULL")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.quick:
@@ -161,25 +199,36 @@ def run(argv: list[str] | None = None) -> int:
         print("error: --chains, --requests and --concurrency must be >= 1")
         return 2
 
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child), daemon=True)
-    proc.start()
-    results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": []}
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the orchestrator child did not start within 60 s")
-        url = f"http://127.0.0.1:{parent.recv()}"
-        print(f"orchestrator at {url} with {args.chains} chains (child pid {proc.pid})")
-        print(f"{'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8}")
-        for c in args.concurrency:
-            r = asyncio.run(_http_level(url, c, args.requests, warmup=min(50, args.requests)))
-            results["http"].append(r)
-            print(f"{c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
-                  f"{r['mean_ms']:>8.2f}", flush=True)
-    finally:
-        proc.terminate()
-        proc.join(10)
+    modes = list(dict.fromkeys(args.persistence))
+    results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": [], "persistence": []}
+    with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
+        urls, procs = _start_children(args, modes, Path(tmp))
+        try:
+            print(f"{'persistence':>11} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} "
+                  f"{'mean ms':>8} {'vs off':>7}")
+            for c in args.concurrency:
+                off: dict[str, float] | None = None
+                for mode in modes:
+                    r = asyncio.run(_http_level(urls[mode], c, args.requests, warmup=min(50, args.requests)))
+                    r["persistence"] = mode
+                    if mode == "off":
+                        off = r
+                        results["http"].append(r)
+                    ratio = off["round_trips_per_s"] / r["round_trips_per_s"] if off is not None else None
+                    r["cost_vs_off"] = ratio
+                    results["persistence"].append(r)
+                    print(f"{mode:>11} {c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} "
+                          f"{r['p99_ms']:>8.2f} {r['mean_ms']:>8.2f} "
+                          f"{'' if ratio is None else f'{ratio:.2f}x':>7}", flush=True)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.join(10)
+    for r in results["persistence"]:
+        if r["persistence"] != "off" and r["cost_vs_off"] is not None and r["concurrency"] == max(args.concurrency):
+            verdict = "within" if r["cost_vs_off"] <= 2.0 else "OVER"
+            print(f"persistence {r['persistence']} at concurrency {r['concurrency']}: {r['cost_vs_off']:.2f}x the "
+                  f"time per round trip without it ({verdict} the 2x budget)")
 
     rng = np.random.default_rng(args.seed)
     comp = synthetic_composition(args.chains, np.random.default_rng(args.seed))
