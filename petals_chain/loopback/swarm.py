@@ -131,6 +131,8 @@ class LocalSwarm:
         job_output_tokens: int = 16,
         python: str = sys.executable,
         server_args: tuple[str, ...] = (),
+        orchestrator_args: tuple[str, ...] = (),
+        port: int = 0,
     ) -> None:
         names = [s.name for s in servers]
         if len(set(names)) != len(names):
@@ -147,6 +149,8 @@ class LocalSwarm:
         self.job_input_tokens, self.job_output_tokens = job_input_tokens, job_output_tokens
         self.python = python
         self.server_args = tuple(server_args)
+        self.extra_orchestrator_args = tuple(orchestrator_args)  # e.g. --state-dir DIR (a restart test)
+        self.port = port  # 0: a free one (a restart with the same arguments needs a fixed one)
         self.procs: list[SwarmProcess] = []
         self.url: str | None = None
         self.started_pgids: list[int] = []
@@ -168,7 +172,7 @@ class LocalSwarm:
     def orchestrator_args(self) -> list[str]:
         """Arguments of ``python -m petals_chain.orchestrator`` for this swarm (port 0: a free one)."""
         args = [
-            "-m", "petals_chain.orchestrator", "--start-dht", "--port", "0",
+            "-m", "petals_chain.orchestrator", "--start-dht", "--port", str(self.port),
             "--model-name", self.model_name, "--model-blocks", str(self.sizes.num_blocks),
             "--block-bytes", str(self.sizes.block_bytes), "--cache-bytes", str(self.sizes.cache_bytes),
             "--arrival-rate", str(self.arrival_rate), "--target-load", str(self.target_load),
@@ -176,7 +180,7 @@ class LocalSwarm:
         ]
         if self.c is not None:
             args += ["--c", str(self.c)]
-        return args
+        return args + list(self.extra_orchestrator_args)
 
     def server_command(self, plan: ServerPlan) -> list[str]:
         """Arguments of ``python -m petals_chain.server`` for one planned server."""
