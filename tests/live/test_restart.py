@@ -156,7 +156,7 @@ def test_orchestrator_killed_under_load_and_restarted(tiny_dir: Path, reference,
 
         # -- a fresh client process joins through the restarted orchestrator's DHT --
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
-        prompt = _prompt(99)
+        prompt = [1, 250, 300, 42, 9]  # not one of the requests above (the tiny model's vocabulary has 512 tokens)
         proc = subprocess.run([sys.executable, "-c", FRESH_CLIENT, str(tiny_dir), sw.url, json.dumps(prompt),
                                "20"], env=env, capture_output=True, text=True, timeout=240)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")), None)
