@@ -95,6 +95,19 @@ def _error_middleware(orch: Orchestrator) -> Callable:
     return middleware
 
 
+def _durable_middleware(orch: Orchestrator) -> Callable:
+    """Answer only once what the request changed is committed to the state store (--state-dir; group commit)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        resp = await handler(request)
+        if orch.durable is not None:
+            await orch.durable()
+        return resp
+
+    return middleware
+
+
 OPEN_PATHS = frozenset({"/health", "/ready"})  # probes of orchestration tools, which carry no credentials
 
 
@@ -249,7 +262,7 @@ async def _report_failure(request: web.Request) -> web.Response:
 def build_app(orch: Orchestrator, *, token: str | None = None,
               sweep_interval_s: float = defaults.SWEEP_INTERVAL_S) -> web.Application:
     """The aiohttp application: routes, JSON errors, optional bearer token, background sweeper."""
-    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token)],
+    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(token), _durable_middleware(orch)],
                           client_max_size=bodies.MAX_BODY_BYTES)
     app[ORCH_KEY] = orch
     app.router.add_get("/health", _health)

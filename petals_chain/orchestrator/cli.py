@@ -224,8 +224,7 @@ async def _run(args: argparse.Namespace) -> None:
         if dht is not None:
             dht.shutdown()
         if state is not None:
-            state.detach()
-            state.store.close()
+            await state.close()
 
 
 def open_state(args: argparse.Namespace, orch: Orchestrator) -> Persistence:
@@ -247,7 +246,7 @@ def open_state(args: argparse.Namespace, orch: Orchestrator) -> Persistence:
 
 def dht_host_maddrs(state: Persistence, requested: Sequence[str]) -> list[str]:
     """The addresses the DHT listened on last time (ports included) if it was asked for the same ones, else these."""
-    meta = state.store.load().meta
+    meta = state.meta
     if meta.get("dht_requested_maddrs") == json.dumps(list(requested)) and "dht_host_maddrs" in meta:
         return json.loads(meta["dht_host_maddrs"])
     return list(requested)

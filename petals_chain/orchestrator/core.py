@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -68,6 +68,8 @@ class Orchestrator:
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
         # Called after every registration and recomposition (persist.py saves the registry there, --state-dir).
         self.on_change: Callable[[], None] | None = None
+        # Awaited before the API answers a request (persist.py: until what it changed is committed), when set.
+        self.durable: Callable[[], Awaitable[None]] | None = None
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)

@@ -6,7 +6,9 @@ and every request waiting in the central queue with its place in line. Liveness,
 clocks are rebuilt from heartbeats and renewals (docs/orchestrator.md, "Restart").
 
 Each write is one transaction, so a process killed at any point leaves the previous or the next consistent state:
-a grant removes the request from the queue and adds its lease in the same transaction.
+a grant removes the request from the queue and adds its lease in the same transaction. With a ``sink`` set
+(:class:`petals_chain.orchestrator.persist.GroupCommit`), writes are handed to it instead and committed in batches,
+several writes to one transaction, in their order.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ import json
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from petals_chain.model import SpecError
+
+Statements = list[tuple[str, tuple[Any, ...]]]
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL")
 SCHEMA_VERSION = 1
@@ -109,6 +114,7 @@ class StateStore:
             raise StoreError(f"field 'synchronous' must be one of {', '.join(SYNCHRONOUS_MODES)}, got {synchronous!r}")
         self.path = Path(path)
         self.synchronous = mode
+        self.sink: Callable[[Statements], None] | None = None  # set: writes go there (batched), not straight in
         try:
             self._db = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -126,8 +132,15 @@ class StateStore:
         """Close the connection (committed writes are already in the database)."""
         self._db.close()
 
-    def _tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Run the statements as one transaction."""
+    def _write(self, statements: Statements) -> None:
+        """One write: to the sink when one is set, else committed now as its own transaction."""
+        if self.sink is not None:
+            self.sink(statements)
+        else:
+            self.commit(statements)
+
+    def commit(self, statements: Statements) -> None:
+        """Run the statements as one transaction (from one thread at a time)."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -140,13 +153,27 @@ class StateStore:
 
     # ---- writes ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def _lease_row(lease: StoredLease) -> tuple[str, tuple[Any, ...]]:
+        """The statement storing one lease."""
+        return ("INSERT OR REPLACE INTO leases (lease_id, job, request_id, chain, version, ttl_s, waited_s, client, "
+                "replaces) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (lease.lease_id, lease.job, lease.request_id, json.dumps(lease.chain), lease.version, lease.ttl_s,
+                 lease.waited_s, lease.client, lease.replaces))
+
+    @staticmethod
+    def _waiter_row(w: StoredWaiter) -> tuple[str, tuple[Any, ...]]:
+        """The statement storing one waiting request."""
+        return ("INSERT OR REPLACE INTO waiting (job, request_id, ttl_s, client, replaces, arrival_unix_s) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (w.job, w.request_id, w.ttl_s, w.client, w.replaces, w.arrival_unix_s))
+
     def set_meta(self, key: str, value: str) -> None:
         """Set one named value (the composition version, the next job number, the DHT's address)."""
-        self._tx([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
+        self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
 
     def put_servers(self, servers: list[StoredServer], meta: dict[str, str] | None = None) -> None:
         """Insert or replace these server records (new ones go last in registration order), with meta values."""
-        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        stmts: Statements = []
         for s in servers:
             stmts.append((
                 "INSERT INTO servers (name, seq, memory_bytes, tau_p_s, tau_c_s, peer_id, address, planned, alive, "
@@ -162,38 +189,42 @@ class StateStore:
             ))
         for key, value in (meta or {}).items():
             stmts.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
-        self._tx(stmts)
+        self._write(stmts)
 
     def queued(self, w: StoredWaiter, next_job: int) -> None:
         """A request entered the queue (or went back to it after a failure, keeping its job)."""
-        self._tx([
-            ("INSERT OR REPLACE INTO waiting (job, request_id, ttl_s, client, replaces, arrival_unix_s) "
-             "VALUES (?, ?, ?, ?, ?, ?)", (w.job, w.request_id, w.ttl_s, w.client, w.replaces, w.arrival_unix_s)),
+        self._write([
+            self._waiter_row(w),
             ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)),
         ])
 
     def left_queue(self, job: int) -> None:
         """A waiting request gave up (timeout, disconnect, never re-attached)."""
-        self._tx([("DELETE FROM waiting WHERE job = ?", (job,))])
+        self._write([("DELETE FROM waiting WHERE job = ?", (job,))])
 
     def granted(self, lease: StoredLease, next_job: int) -> None:
         """A request got its slot: it leaves the queue and its lease is recorded, atomically."""
-        self._tx([
+        self._write([
             ("DELETE FROM waiting WHERE job = ?", (lease.job,)),
-            ("INSERT OR REPLACE INTO leases (lease_id, job, request_id, chain, version, ttl_s, waited_s, client, "
-             "replaces) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-             (lease.lease_id, lease.job, lease.request_id, json.dumps(lease.chain), lease.version, lease.ttl_s,
-              lease.waited_s, lease.client, lease.replaces)),
+            self._lease_row(lease),
             ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)),
         ])
 
+    def replace_leases_and_queue(self, leases: list[StoredLease], waiting: list[StoredWaiter], next_job: int) -> None:
+        """Make the stored leases and queue exactly these (after a restore, which may have granted some)."""
+        stmts: Statements = [("DELETE FROM leases", ()), ("DELETE FROM waiting", ())]
+        stmts += [self._lease_row(x) for x in leases]
+        stmts += [self._waiter_row(w) for w in waiting]
+        stmts.append(("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)))
+        self._write(stmts)
+
     def renewed(self, lease_id: str, ttl_s: float) -> None:
         """A renewal changed the lease's TTL."""
-        self._tx([("UPDATE leases SET ttl_s = ? WHERE lease_id = ?", (ttl_s, lease_id))])
+        self._write([("UPDATE leases SET ttl_s = ? WHERE lease_id = ?", (ttl_s, lease_id))])
 
     def ended(self, lease_id: str) -> None:
         """A lease was released, expired, abandoned or replaced: its slot is free."""
-        self._tx([("DELETE FROM leases WHERE lease_id = ?", (lease_id,))])
+        self._write([("DELETE FROM leases WHERE lease_id = ?", (lease_id,))])
 
     # ---- reads ----------------------------------------------------------------------------------
 

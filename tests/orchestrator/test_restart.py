@@ -67,8 +67,10 @@ def occupancy(orch: Orchestrator) -> list[tuple[int, int]]:
     return list(zip(snap.occupancy, snap.capacities))
 
 
-def crash(orch: Orchestrator, tasks: list[asyncio.Task]) -> None:
-    """The process dies: nothing more reaches the store, and its waiting HTTP handlers vanish."""
+async def crash(orch: Orchestrator, tasks: list[asyncio.Task]) -> None:
+    """The process dies once what its clients were told is committed (the API answers only then): nothing more
+    reaches the store, and its waiting HTTP handlers vanish."""
+    await orch.durable()
     orch.leases.journal = None
     orch.on_change = None
     for t in tasks:
@@ -89,7 +91,7 @@ def test_restart_keeps_composition_leases_and_queue_order(tmp_path: Path) -> Non
         assert [j for j, _, _ in first.leases.queued()] == [capacity, capacity + 1, capacity + 2]
         first.leases.release(held.pop(0).lease_id)  # w0 gets that slot: leased, not waiting, when we crash
         w0 = await waiting[0]
-        crash(first, waiting[1:])
+        await crash(first, waiting[1:])
         store.close()
 
         clock.now_s += 5.0
@@ -131,7 +133,7 @@ def test_a_restored_request_whose_client_never_returns_leaves_the_queue(tmp_path
         held = [await first.leases.acquire(timeout_s=1) for _ in range(capacity)]
         gone = asyncio.create_task(first.leases.acquire(timeout_s=60, request_id="gone"))
         await asyncio.sleep(0.01)
-        crash(first, [gone])
+        await crash(first, [gone])
 
         second = new_orchestrator(clock)
         attach_state(second, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
@@ -144,6 +146,7 @@ def test_a_restored_request_whose_client_never_returns_leaves_the_queue(tmp_path
         assert second.leases.queue_length() == 0
         second.leases.release(held[0].lease_id)
         assert second.leases.free_capacity() == 1  # the slot is not held for the vanished request
+        await second.durable()
         third = new_orchestrator(clock)
         attach_state(third, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
         assert third.leases.queue_length() == 0 and len(third.leases.leases()) == capacity - 1
@@ -161,7 +164,7 @@ def test_chains_wait_for_heartbeats_and_leases_reclaim_their_slots_first(tmp_pat
         first = await registered(clock, store)
         capacity = sum(c.capacity for c in first.composed)
         held = [await first.leases.acquire(timeout_s=1) for _ in range(capacity)]
-        crash(first, [])
+        await crash(first, [])
 
         second = new_orchestrator(clock, offer_when_serving=True)
         attach_state(second, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
@@ -230,6 +233,30 @@ def test_no_lease_without_chains_times_out_as_before(tmp_path: Path) -> None:
         attach_state(orch, StateStore(tmp_path / "state.db"), attach_grace_s=1.0)
         with pytest.raises(LeaseTimeoutError):
             await orch.leases.acquire(timeout_s=0.05, request_id="x")
+        await orch.durable()
         assert StateStore(tmp_path / "state.db").load().waiting == []  # it left the stored queue too
+
+    asyncio.run(main())
+
+
+def test_group_commit_batches_writes_and_keeps_their_order(tmp_path: Path) -> None:
+    """Writes made while a commit runs go into the next one; after durable() the database holds them all."""
+
+    async def main() -> None:
+        clock = Clock()
+        orch = await registered(clock, StateStore(tmp_path / "state.db", synchronous="full"))
+        await orch.durable()
+        group = orch.leases.journal.group
+        before = group.commits
+        leases = [await orch.leases.acquire(timeout_s=1, request_id=f"r{i}") for i in range(6)]
+        for x in leases[:3]:
+            orch.leases.release(x.lease_id)
+        waiting = asyncio.create_task(orch.leases.acquire(timeout_s=60, request_id="w"))
+        await asyncio.sleep(0)
+        await orch.durable()
+        assert group.commits - before < 10  # 10 writes (6 grants, 3 ends, 1 grant), fewer transactions
+        got = StateStore(tmp_path / "state.db").load()
+        assert [x.lease_id for x in got.leases] == [x.lease_id for x in leases[3:]] + [(await waiting).lease_id]
+        assert got.waiting == [] and got.meta["next_job"] == "7"
 
     asyncio.run(main())
