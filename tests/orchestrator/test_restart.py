@@ -260,3 +260,20 @@ def test_group_commit_batches_writes_and_keeps_their_order(tmp_path: Path) -> No
         assert got.waiting == [] and got.meta["next_job"] == "7"
 
     asyncio.run(main())
+
+
+def test_cli_refuses_an_unusable_state_dir_and_routed_methods(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from petals_chain.orchestrator.cli import main
+
+    model = ["--model-blocks", "4", "--block-bytes", "1e6", "--cache-bytes", "1e5", "--port", "0"]
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "state.sqlite3").write_bytes(b"not a database" * 200)
+    assert main([*model, "--state-dir", str(junk)]) == 2
+    assert "state.sqlite3: cannot open the state database" in capsys.readouterr().err
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    assert main([*model, "--state-dir", str(afile)]) == 2
+    assert f"--state-dir {afile}: cannot create it" in capsys.readouterr().err
+    assert main([*model, "--method", "bprr", "--state-dir", str(tmp_path / "s")]) == 2
+    assert "--state-dir: method bprr routes each request" in capsys.readouterr().err
