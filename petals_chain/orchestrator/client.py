@@ -9,6 +9,7 @@ request id, the same on every retry, so the restarted orchestrator hands it the 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import aiohttp
 
 from petals_chain import defaults
 
+log = logging.getLogger(__name__)
 SHUTTING_DOWN = "shutting down"  # in a 503's message: the orchestrator stops cleanly and will be back; retry
 
 
@@ -135,6 +137,9 @@ class OrchestratorClient:
                 raise OrchestratorUnreachableError(
                     f"cannot reach the orchestrator at {self.base_url} ({method} {path}): {attempts} attempts in "
                     f"{self.unreachable_wait_s:g} s; last error: {type(last).__name__}: {last}") from last
+            if attempts == 1:
+                log.warning("orchestrator at %s unreachable (%s: %s); retrying for up to %g s", self.base_url,
+                            type(last).__name__, last, self.unreachable_wait_s)
             self.retries += 1
             await asyncio.sleep(pause_s)
             pause_s = min(2 * pause_s, defaults.RETRY_MAX_S)
