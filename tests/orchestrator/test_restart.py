@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest must not collect it
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.api import build_app
@@ -277,3 +278,25 @@ def test_cli_refuses_an_unusable_state_dir_and_routed_methods(tmp_path: Path, ca
     assert f"--state-dir {afile}: cannot create it" in capsys.readouterr().err
     assert main([*model, "--method", "bprr", "--state-dir", str(tmp_path / "s")]) == 2
     assert "--state-dir: method bprr routes each request" in capsys.readouterr().err
+
+
+def test_the_api_answers_only_once_the_change_is_committed(tmp_path: Path) -> None:
+    """A granted lease and a release are in the database (read through another connection) when their replies
+    arrive, though the commits run in a worker thread."""
+
+    async def main() -> None:
+        orch = await registered(Clock(), StateStore(tmp_path / "state.db", synchronous="full"))
+        server = LoopbackServer(build_app(orch), host="127.0.0.1")
+        await server.start_server()
+        reader = StateStore(tmp_path / "state.db")
+        try:
+            async with OrchestratorClient(str(server.make_url(""))) as oc:
+                for _ in range(5):
+                    lease = await oc.lease(timeout_s=5)
+                    assert lease.lease_id in {x.lease_id for x in reader.load().leases}
+                    await oc.release(lease.lease_id)
+                    assert lease.lease_id not in {x.lease_id for x in reader.load().leases}
+        finally:
+            await server.close()
+
+    asyncio.run(main())
