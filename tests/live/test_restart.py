@@ -152,14 +152,17 @@ def test_orchestrator_killed_under_load_and_restarted(tiny_dir: Path, reference,
         _wait_for(lambda: _full_capacity(sw), 30, "every slot free again")
         assert sw.get("/health")["capacity"] == capacity
         print(f"\n[restart] {n} requests in flight ({QUEUED} queued) + {DURING_OUTAGE} during the outage; "
-              f"orchestrator back {restarted_s - killed_s:.1f} s after the kill")
+              f"orchestrator back {restarted_s - killed_s:.1f} s after the kill", flush=True)
 
         # -- a fresh client process joins through the restarted orchestrator's DHT --
         env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
         prompt = [1, 250, 300, 42, 9]  # not one of the requests above (the tiny model's vocabulary has 512 tokens)
+        fresh_s = time.monotonic()
         proc = subprocess.run([sys.executable, "-c", FRESH_CLIENT, str(tiny_dir), sw.url, json.dumps(prompt),
                                "20"], env=env, capture_output=True, text=True, timeout=240)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("TOKENS ")), None)
         assert proc.returncode == 0 and line is not None, proc.stderr[-3000:]
         assert json.loads(line[len("TOKENS "):]) == reference(prompt, 20)
+        print(f"[restart] a fresh client process generated correctly ({time.monotonic() - fresh_s:.1f} s with its "
+              "start)", flush=True)
         assert sw.stop() == []
