@@ -25,6 +25,8 @@ RECOMPOSE_ABS_TOL_S = 1e-3
 
 # ---- HTTP calls to the orchestrator ----------------------------------------------------------------
 CALL_TIMEOUT_S = 30.0  # one request/reply to the orchestrator (register, heartbeat, health, release, ...)
+UNREACHABLE_WAIT_S = 120.0  # a client retries an unreachable orchestrator (a restart) this long before giving up
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # its exponential backoff: the first pause, doubling up to this one
 
 # ---- what a server's process needs beyond blocks + cache (measured on an H100: results/gpu/README.md) ----
 CUDA_CONTEXT_BYTES = 0.7 * 2**30  # CUDA context and library handles, outside PyTorch's allocator (0.67 GiB measured)

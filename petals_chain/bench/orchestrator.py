@@ -4,10 +4,12 @@ The orchestrator runs in a child process on a loopback port with a synthetic
 composition of ``--chains`` one-server chains (seeded capacities 1-8 and service
 times 5-20 s); this process drives ``--requests`` lease+release round trips at
 each ``--concurrency`` level and prints round trips per second and p50/p99
-latency, over plain HTTP and then over HTTPS (a second child with a self-signed
-certificate made for the run, the client trusting it; ``--no-tls`` skips it), with
-the TLS/plain ratios of the same run. Then the pure JFFC decision time (µs) with
-no HTTP, and the in-process LeaseManager round trip, show where the time goes.
+latency, once per ``--persistence`` mode: off, and with ``--state-dir`` (SQLite in WAL mode,
+synchronous NORMAL or FULL), each mode its own orchestrator, measured in turns at each level so that
+the ratios against "off" come from the same run; then over HTTPS (a child with a self-signed
+certificate made for the run, the client trusting it; ``--no-tls`` skips it), with the TLS/plain ratios
+of the same run. Then the pure JFFC decision time (µs) with no HTTP,
+and the in-process LeaseManager round trip, show where the time goes.
 """
 
 from __future__ import annotations
@@ -45,8 +47,16 @@ def synthetic_composition(num_chains: int, rng: np.random.Generator) -> Composit
     return Composition(servers, MODEL, placement, chains, c=int(caps.max()))
 
 
-def _serve_child(num_chains: int, seed: int, conn: Any, tls: tuple[str, str] | None = None) -> None:
-    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port> (HTTPS with ``tls``)."""
+# No store; --state-dir with SQLite synchronous=NORMAL / FULL (group commit, as shipped); the same committing each
+# write on its own (what group commit saves).
+PERSISTENCE_MODES = ("off", "normal", "full", "normal-unbatched", "full-unbatched")
+DEFAULT_MODES = ("off", "normal", "full")
+
+
+def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = None, mode: str = "normal",
+                 tls: tuple[str, str] | None = None) -> None:
+    """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
+    ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key)."""
     from petals_chain.orchestrator.api import build_app, serve
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.exposure import server_tls
@@ -57,9 +67,19 @@ def _serve_child(num_chains: int, seed: int, conn: Any, tls: tuple[str, str] | N
     registry.add_planned(comp.servers)
     orch = Orchestrator(registry, heartbeat_timeout_s=None)
     orch.install(comp)
-    ssl_context = server_tls(*tls) if tls is not None else None
-    asyncio.run(serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port),
-                      ssl_context=ssl_context))
+
+    async def main() -> None:
+        """Attach the store on the loop (restored waiters need it), then serve."""
+        if state_db is not None:
+            from petals_chain.orchestrator.persist import attach_state
+            from petals_chain.orchestrator.store import StateStore
+
+            sync, _, unbatched = mode.partition("-")
+            attach_state(orch, StateStore(state_db, synchronous=sync), attach_grace_s=60.0, group_commit=not unbatched)
+        await serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port),
+                    ssl_context=server_tls(*tls) if tls is not None else None)
+
+    asyncio.run(main())
 
 
 async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
@@ -157,7 +177,7 @@ def _http_run(args: argparse.Namespace, tls: tuple[str, str] | None) -> list[dic
     """Every concurrency level against a fresh orchestrator child (HTTPS with ``tls`` = (cert, key))."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, tls), daemon=True)
+    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, None, "off", tls), daemon=True)
     proc.start()
     out = []
     try:
@@ -178,6 +198,25 @@ def _http_run(args: argparse.Namespace, tls: tuple[str, str] | None) -> list[dic
     return out
 
 
+def _start_children(args: argparse.Namespace, modes: list[str], tmp: Path) -> tuple[dict[str, str], list[Any]]:
+    """One orchestrator child per persistence mode; their URLs (once each listens) and processes."""
+    ctx = mp.get_context("spawn")
+    urls: dict[str, str] = {}
+    procs = []
+    for mode in modes:
+        parent, child = ctx.Pipe()
+        state = None if mode == "off" else str(tmp / f"{mode}.sqlite3")
+        proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, state, mode),
+                           daemon=True)
+        proc.start()
+        procs.append(proc)
+        if not parent.poll(120):
+            raise RuntimeError(f"the orchestrator child ({mode}) did not start within 120 s")
+        urls[mode] = f"http://127.0.0.1:{parent.recv()}"
+        print(f"orchestrator (persistence {mode}) at {urls[mode]} with {args.chains} chains (child pid {proc.pid})")
+    return urls, procs
+
+
 def run(argv: list[str] | None = None) -> int:
     """Print HTTP lease+release rates and latencies, then the JFFC and LeaseManager decision times."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.bench orchestrator", description=__doc__)
@@ -187,6 +226,9 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=200_000, help="arrival+departure pairs for the JFFC timing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="fewer requests and pairs (a smoke run)")
+    p.add_argument("--persistence", nargs="+", choices=PERSISTENCE_MODES, default=list(DEFAULT_MODES),
+                   help="orchestrators to compare: off, and --state-dir with SQLite synchronous NORMAL / FULL "
+                        "(group commit; '-unbatched': a commit per write)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--no-tls", action="store_true", help="skip the HTTPS run")
     args = p.parse_args(argv)
@@ -196,8 +238,36 @@ def run(argv: list[str] | None = None) -> int:
         print("error: --chains, --requests and --concurrency must be >= 1")
         return 2
 
-    results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": []}
-    results["http"] = _http_run(args, None)
+    modes = list(dict.fromkeys(args.persistence))
+    results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": [], "persistence": []}
+    with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
+        urls, procs = _start_children(args, modes, Path(tmp))
+        try:
+            print(f"{'persistence':>16} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} "
+                  f"{'mean ms':>8} {'vs off':>7}")
+            for c in args.concurrency:
+                off: dict[str, float] | None = None
+                for mode in modes:
+                    r = asyncio.run(_http_level(urls[mode], c, args.requests, warmup=min(50, args.requests)))
+                    r["persistence"] = mode
+                    if mode == "off":
+                        off = r
+                        results["http"].append(r)
+                    ratio = off["round_trips_per_s"] / r["round_trips_per_s"] if off is not None else None
+                    r["cost_vs_off"] = ratio
+                    results["persistence"].append(r)
+                    print(f"{mode:>16} {c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} "
+                          f"{r['p99_ms']:>8.2f} {r['mean_ms']:>8.2f} "
+                          f"{'' if ratio is None else f'{ratio:.2f}x':>7}", flush=True)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.join(10)
+    for r in results["persistence"]:
+        if r["persistence"] != "off" and r["cost_vs_off"] is not None and r["concurrency"] == max(args.concurrency):
+            verdict = "within" if r["cost_vs_off"] <= 2.0 else "OVER"
+            print(f"persistence {r['persistence']} at concurrency {r['concurrency']}: {r['cost_vs_off']:.2f}x the "
+                  f"time per round trip without it ({verdict} the 2x budget)")
     if not args.no_tls:
         with tempfile.TemporaryDirectory() as folder:
             results["https"] = _http_run(args, self_signed_pair(Path(folder)))  # made for this run

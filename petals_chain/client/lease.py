@@ -101,7 +101,8 @@ class LeaseKeeper:
         self._renewer.cancel()
 
         try:
-            self.orch.run(lambda c: c.release(self.info.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+            self.orch.run(lambda c: c.release(self.info.lease_id),  # retried while the orchestrator restarts
+                          timeout_s=defaults.CALL_TIMEOUT_S + defaults.UNREACHABLE_WAIT_S)
         except OrchestratorError as exc:
             if exc.status != 404:  # 404: expired or already released
                 log.warning("releasing lease %s: %s", self.info.lease_id, exc.message)

@@ -138,6 +138,8 @@ class LocalSwarm:
         api_token: str | None = None,
         size_from_model: bool = False,
         token: str | None = None,
+        orchestrator_args: tuple[str, ...] = (),
+        port: int = 0,
     ) -> None:
         names = [s.name for s in servers]
         if len(set(names)) != len(names):
@@ -154,10 +156,12 @@ class LocalSwarm:
         self.job_input_tokens, self.job_output_tokens = job_input_tokens, job_output_tokens
         self.python = python
         self.server_args = tuple(server_args)
-        self.orchestrator_extra = tuple(orchestrator_extra)  # more orchestrator options (credentials, timeouts)
+        # more orchestrator options (credentials, timeouts, --state-dir)
+        self.orchestrator_extra = tuple(orchestrator_extra) + tuple(orchestrator_args)
         self.api_token = api_token  # what get() sends (the operator's token when the orchestrator has roles)
         self.size_from_model = size_from_model  # the orchestrator sizes the model itself (--model), as users run it
         self.token = token  # the swarm's processes read it from their environment (PETALS_CHAIN_ORCH_TOKEN)
+        self.port = port  # 0: a free one (a restart with the same arguments needs a fixed one)
         self.procs: list[SwarmProcess] = []
         self.url: str | None = None
         self.started_pgids: list[int] = []
@@ -185,7 +189,8 @@ class LocalSwarm:
                  ["--model-blocks", str(self.sizes.num_blocks), "--block-bytes", str(self.sizes.block_bytes),
                   "--cache-bytes", str(self.sizes.cache_bytes)])
         args = [
-            "-m", "petals_chain.orchestrator", "--start-dht", "--port", "0", "--model-name", self.model_name, *model,
+            "-m", "petals_chain.orchestrator", "--start-dht", "--port", str(self.port),
+            "--model-name", self.model_name, *model,
             "--arrival-rate", str(self.arrival_rate), "--target-load", str(self.target_load),
             "--lease-ttl-s", str(self.lease_ttl_s), "--heartbeat-timeout-s", str(self.heartbeat_timeout_s),
         ]

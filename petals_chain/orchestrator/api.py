@@ -16,7 +16,8 @@ POST /servers/heartbeat {name, serving?: {start, end}, tau_p_s?, tau_c_s?} · GE
 POST /servers/{name}/leave {reason?} · POST /servers/{name}/evict {reason?, resume?} ·
 POST /servers/{name}/cordon {reason?, resume?} (no new leases through it) ·
 POST /servers/{name}/drain {wait_s?, timeout_s?} (move its sessions off, then it leaves) · GET /servers/{name}/drain ·
-POST /lease {timeout_s?, ttl_s?, client?} (long-polls; 503 on timeout) · POST /lease/{id}/renew {ttl_s?} ·
+POST /lease {timeout_s?, ttl_s?, client?, request_id?} (long-polls; 503 on timeout; a retry with the same
+request_id gets the lease already granted to it or its old place in line) · POST /lease/{id}/renew {ttl_s?} ·
 POST /lease/{id}/release · POST /lease/{id}/report-failure {server, timeout_s?, ttl_s?} (a replacement lease) ·
 POST /lease/{id}/migrated · POST /lease/{id}/migration-failed · GET|POST /migrations {policy} (docs/migration.md).
 Errors: 400 malformed/invalid field, 401 missing or unknown token, 403 not this caller's to do, 404 unknown
@@ -105,6 +106,19 @@ def _error_middleware(orch: Orchestrator) -> Callable:
         resp = _json(reply, status)
         if status == 401:
             resp.headers["WWW-Authenticate"] = "Bearer"
+        return resp
+
+    return middleware
+
+
+def _durable_middleware(orch: Orchestrator) -> Callable:
+    """Answer only once what the request changed is committed to the state store (--state-dir; group commit)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
+        resp = await handler(request)
+        if orch.durable is not None:
+            await orch.durable()
         return resp
 
     return middleware
@@ -306,7 +320,8 @@ async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.LeaseBody, required=False)
-    lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client)
+    lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client,
+                                      request_id=body.request_id)
     return _json(orch.lease_json(lease))
 
 
@@ -380,7 +395,8 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     elif token is not None:
         raise ValueError("give token (one for every role) or credentials, not both")
     guard = Guard(credentials)
-    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(guard)],
+    app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(guard),
+                                       _durable_middleware(orch)],
                           client_max_size=bodies.MAX_BODY_BYTES)
     app[ORCH_KEY] = orch
     app[GUARD_KEY] = guard
@@ -420,6 +436,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
         app[SWEEPER_KEY].cancel()
         if VERIFIER_KEY in app:
             app[VERIFIER_KEY].cancel()
+        orch.leases.journal = None  # with --state-dir the stored queue outlives this shutdown; clients retry
         orch.leases.fail_waiters()
 
     app.on_startup.append(start_sweeper)

@@ -16,25 +16,24 @@ from typing import Any, TypeVar
 import aiohttp
 
 from petals_chain import defaults
-from petals_chain.orchestrator.client import OrchestratorClient
+from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorUnreachableError
 
 T = TypeVar("T")
-
-
-class OrchestratorUnreachableError(ConnectionError):
-    """The orchestrator's URL cannot be reached (not running, wrong port, wrong host)."""
+__all__ = ["BlockingOrchestrator", "OrchestratorUnreachableError"]
 
 
 class BlockingOrchestrator:
     """Calls the orchestrator's HTTP API from synchronous code, through a private event-loop thread."""
 
     def __init__(self, url: str, *, token: str | None = None,
-                 request_timeout_s: float = defaults.CALL_TIMEOUT_S) -> None:
+                 request_timeout_s: float = defaults.CALL_TIMEOUT_S,
+                 unreachable_wait_s: float = defaults.UNREACHABLE_WAIT_S) -> None:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"orchestrator URL must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
         self._token = token
         self._request_timeout_s = request_timeout_s
+        self._unreachable_wait_s = unreachable_wait_s
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="orchestrator-client", daemon=True)
         self._thread.start()
@@ -46,7 +45,8 @@ class BlockingOrchestrator:
         if self._client is None:
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             self._client = OrchestratorClient(self.url, token=self._token, session=session,
-                                              request_timeout_s=self._request_timeout_s)
+                                              request_timeout_s=self._request_timeout_s,
+                                              unreachable_wait_s=self._unreachable_wait_s)
             self._session = session
         return self._client
 
@@ -69,6 +69,8 @@ class BlockingOrchestrator:
         except concurrent.futures.TimeoutError:
             fut.cancel()
             raise TimeoutError(f"orchestrator {self.url} did not answer within {timeout_s:g} s") from None
+        except OrchestratorUnreachableError:
+            raise
         except (aiohttp.ClientConnectionError, ConnectionError) as exc:
             raise OrchestratorUnreachableError(f"cannot reach the orchestrator at {self.url}: {exc}") from exc
 

@@ -124,6 +124,7 @@ class LeaseBody(Body):
     timeout_s: WaitSeconds = DEFAULT_WAIT_S
     ttl_s: TtlSeconds | None = None  # None: the orchestrator's lease TTL
     client: Label | None = None
+    request_id: Label | None = None  # the client's handle, the same on its retries: finds its lease or place in line
 
 
 class RenewBody(Body):

@@ -16,9 +16,11 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import math
 import sys
+from pathlib import Path
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +50,13 @@ from petals_chain.cli_args import (
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
+    from petals_chain.orchestrator.persist import Persistence
 
 TOKEN_ENV = SHARED_ENV
 LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
                                                               Routing.WS_RR: WsRrLeaseManager}
+STATE_DB_FILE = "state.sqlite3"  # in --state-dir
+DHT_IDENTITY_FILE = "dht_identity.key"  # in --state-dir: the DHT node's private key, so its peer id stays
 BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
 
 
@@ -125,6 +130,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s.add_argument("--offer-unready-chains", action="store_true",
                    help="offer a chain as soon as it is composed (default: once every server on it reports that "
                         "it serves its span; a client then waits for a server still loading)")
+    r = p.add_argument_group("restart (docs/orchestrator.md, \"Restart\")")
+    r.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="keep the registry, leases and queue (SQLite) and the DHT identity and port here, so a "
+                        "restart with the same arguments picks up where the last run stopped")
+    r.add_argument("--state-sync", default="normal", choices=("normal", "full"),
+                   help="SQLite synchronous mode: normal survives a killed process, full also a power loss "
+                        "(slower; python -m petals_chain.bench orchestrator measures both)")
+    r.add_argument("--reattach-grace", dest="reattach_grace_s", type=duration_range(gt=0, le=MAX_TTL_S),
+                   metavar="DURATION", default=defaults.UNREACHABLE_WAIT_S,
+                   help="a request that waited in the queue before a restart keeps its place this long for its "
+                        "client to come back")
     d = p.add_argument_group("DHT (servers and clients then find it through GET /health)")
     d.add_argument("--initial-peers", nargs="*", default=[], help="multiaddrs of a DHT to join")
     d.add_argument("--start-dht", action="store_true", help="start a new DHT node here (or join --initial-peers)")
@@ -254,12 +270,18 @@ async def _run(args: argparse.Namespace) -> None:
     ssl_context = server_tls(args.tls_cert, args.tls_key)
     for line in exposure_warnings(args.host, credentials, tls=ssl_context is not None):
         print(f"warning: {line}", file=sys.stderr, flush=True)
+    state = open_state(args, orch) if args.state_dir else None
     dht = None
     if args.initial_peers or args.start_dht:
         from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
 
         prefix = dht_prefix_for(args.dht_prefix or registry.model.name.split("/")[-1])  # a repository: its last part
-        dht = start_dht(args.initial_peers, args.dht_host_maddrs)
+        if state is not None:
+            dht = start_dht(args.initial_peers, dht_host_maddrs(state, args.dht_host_maddrs),
+                            identity_path=str(Path(args.state_dir) / DHT_IDENTITY_FILE))
+            remember_dht_maddrs(state, args.dht_host_maddrs, dht.visible_maddrs)
+        else:
+            dht = start_dht(args.initial_peers, args.dht_host_maddrs)
         orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
         print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
     from petals_chain.orchestrator.trust import Trust
@@ -283,6 +305,43 @@ async def _run(args: argparse.Namespace) -> None:
     finally:
         if dht is not None:
             dht.shutdown()
+        if state is not None:
+            await state.close()
+
+
+def open_state(args: argparse.Namespace, orch: Orchestrator) -> Persistence:
+    """Open (or create) --state-dir's store and restore the orchestrator from it (on the running event loop)."""
+    from petals_chain.orchestrator.persist import attach_state
+    from petals_chain.orchestrator.store import StateStore
+
+    if live_method(args.method, orchestrated=True, field="--method").routing is not Routing.JFFC:
+        raise SpecError(f"--state-dir: method {args.method} routes each request (WS-RR); only JFFC leases over "
+                        "fixed chains are kept across restarts")
+    folder = Path(args.state_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--state-dir {folder}: cannot create it: {exc}") from None
+    store = StateStore(folder / STATE_DB_FILE, synchronous=args.state_sync)
+    return attach_state(orch, store, attach_grace_s=args.reattach_grace_s)
+
+
+def dht_host_maddrs(state: Persistence, requested: Sequence[str]) -> list[str]:
+    """The addresses the DHT listened on last time (ports included) if it was asked for the same ones, else these."""
+    meta = state.meta
+    if meta.get("dht_requested_maddrs") == json.dumps(list(requested)) and "dht_host_maddrs" in meta:
+        return json.loads(meta["dht_host_maddrs"])
+    return list(requested)
+
+
+def remember_dht_maddrs(state: Persistence, requested: Sequence[str], visible: Sequence[str]) -> None:
+    """Keep the addresses the DHT got (a free port, if asked for port 0) for the next start with the same request."""
+    ports = [int(m.split("/tcp/")[1].split("/")[0]) for m in visible if "/tcp/" in m]
+    if not ports:
+        return
+    hosts = [m[: -len("/tcp/0")] + f"/tcp/{ports[0]}" if m.endswith("/tcp/0") else m for m in requested]
+    state.store.set_meta("dht_requested_maddrs", json.dumps(list(requested)))
+    state.store.set_meta("dht_host_maddrs", json.dumps(hosts))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,13 +1,19 @@
 """An async client of the orchestrator's HTTP API, for the PETALS client and server subclasses.
 
 ``lease()`` long-polls until JFFC grants a chain; the PETALS client keeps it renewed and releases it
-(:mod:`petals_chain.client.lease`), so a slot is never left behind.
+(:mod:`petals_chain.client.lease`), so a slot is never left behind. While the orchestrator cannot be reached (it
+restarts) every call is retried with exponential backoff for ``unreachable_wait_s``; a lease request carries a
+request id, the same on every retry, so the restarted orchestrator hands it the lease or the place in line it had.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import secrets
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +34,13 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext | None:
     if not os.path.isfile(ca_file):
         raise FileNotFoundError(f"CA file {ca_file!r} (--orchestrator-ca / ${CA_FILE_ENV}) does not exist")
     return ssl.create_default_context(cafile=ca_file)
+
+log = logging.getLogger(__name__)
+SHUTTING_DOWN = "shutting down"  # in a 503's message: the orchestrator stops cleanly and will be back; retry
+
+
+class OrchestratorUnreachableError(ConnectionError):
+    """The orchestrator's URL cannot be reached (not running, wrong port, wrong host), also after retrying."""
 
 
 class OrchestratorError(RuntimeError):
@@ -92,9 +105,14 @@ class OrchestratorClient:
     """Talks to one orchestrator; use as ``async with OrchestratorClient(url) as oc: ...``."""
 
     def __init__(self, base_url: str, *, token: str | None = None, session: aiohttp.ClientSession | None = None,
-                 request_timeout_s: float = defaults.CALL_TIMEOUT_S, ca_file: str | None = None) -> None:
+                 request_timeout_s: float = defaults.CALL_TIMEOUT_S, ca_file: str | None = None,
+                 unreachable_wait_s: float = defaults.UNREACHABLE_WAIT_S) -> None:
+        if not (isinstance(unreachable_wait_s, (int, float)) and 0 <= unreachable_wait_s < float("inf")):
+            raise ValueError(f"field 'unreachable_wait_s' must be a finite number >= 0, got {unreachable_wait_s!r}")
         self.base_url = base_url.rstrip("/")
         self.request_timeout_s = request_timeout_s
+        self.unreachable_wait_s = float(unreachable_wait_s)
+        self.retries = 0  # calls repeated because the orchestrator could not be reached
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssl = tls_context(ca_file) if self.base_url.startswith("https://") else None
         # Each server registered through this client gets its own secret; it speaks for itself with it.
@@ -122,7 +140,42 @@ class OrchestratorClient:
         return {"Authorization": f"Bearer {secret}"} if secret else self._headers
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-                    timeout_s: float | None = None, headers: dict[str, str] | None = None) -> Any:
+                    timeout_s: float | None = None, headers: dict[str, str] | None = None,
+                    wait_deadline_s: float | None = None) -> Any:
+        """One request, repeated with exponential backoff while the orchestrator cannot be reached (at most
+        unreachable_wait_s, then OrchestratorUnreachableError); JSON reply on 2xx, OrchestratorError otherwise.
+
+        ``wait_deadline_s`` (a long poll's end, time.monotonic) shortens the body's ``timeout_s`` on each retry."""
+        give_up_s = time.monotonic() + self.unreachable_wait_s
+        pause_s, attempts = defaults.RETRY_FIRST_S, 0
+        while True:
+            attempts += 1
+            if wait_deadline_s is not None and body is not None:
+                body["timeout_s"] = max(0.001, wait_deadline_s - time.monotonic())
+            try:
+                return await self._call_once(method, path, body, timeout_s, headers)
+            except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError):
+                raise  # a certificate the client does not trust: waiting will not change it
+            except aiohttp.ClientConnectionError as exc:  # refused, reset, closed mid-reply: it may be restarting
+                last: BaseException = exc
+            except OrchestratorError as exc:
+                if not (exc.status == 503 and SHUTTING_DOWN in exc.message):
+                    raise
+                last = exc
+            now = time.monotonic()
+            if now + pause_s > give_up_s:
+                raise OrchestratorUnreachableError(
+                    f"cannot reach the orchestrator at {self.base_url} ({method} {path}): {attempts} attempts in "
+                    f"{self.unreachable_wait_s:g} s; last error: {type(last).__name__}: {last}") from last
+            if attempts == 1:
+                log.warning("orchestrator at %s unreachable (%s: %s); retrying for up to %g s", self.base_url,
+                            type(last).__name__, last, self.unreachable_wait_s)
+            self.retries += 1
+            await asyncio.sleep(pause_s)
+            pause_s = min(2 * pause_s, defaults.RETRY_MAX_S)
+
+    async def _call_once(self, method: str, path: str, body: dict[str, Any] | None = None,
+                         timeout_s: float | None = None, headers: dict[str, str] | None = None) -> Any:
         """One request; JSON reply on 2xx, OrchestratorError otherwise."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
@@ -144,14 +197,17 @@ class OrchestratorClient:
     # ---- leases ---------------------------------------------------------------------------------
 
     async def lease(self, *, timeout_s: float = defaults.LEASE_WAIT_S, ttl_s: float | None = None,
-                    client: str | None = None) -> LeaseInfo:
-        """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up."""
-        body: dict[str, Any] = {"timeout_s": timeout_s}
+                    client: str | None = None, request_id: str | None = None) -> LeaseInfo:
+        """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up.
+
+        Retries (an orchestrator restarting) carry the same ``request_id`` (a fresh random one by default)."""
+        body: dict[str, Any] = {"timeout_s": timeout_s, "request_id": request_id or secrets.token_hex(16)}
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         if client is not None:
             body["client"] = client
-        return LeaseInfo.from_json(await self._call("POST", "/lease", body, timeout_s + 30.0))
+        deadline = time.monotonic() + timeout_s
+        return LeaseInfo.from_json(await self._call("POST", "/lease", body, timeout_s + 30.0, wait_deadline_s=deadline))
 
     async def renew(self, lease_id: str, ttl_s: float | None = None) -> LeaseInfo:
         """Keep a lease alive for another TTL."""

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
@@ -74,6 +74,10 @@ class Orchestrator:
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
         self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
         self.model_source: dict[str, Any] | None = None  # with --model: {"source", "torch_dtype", "quant_type", ...}
+        # Called after every registration and recomposition (persist.py saves the registry there, --state-dir).
+        self.on_change: Callable[[], None] | None = None
+        # Awaited before the API answers a request (persist.py: until what it changed is committed), when set.
+        self.durable: Callable[[], Awaitable[None]] | None = None
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)
@@ -89,6 +93,8 @@ class Orchestrator:
         if hook is not None:
             hook(composition, version)
         self.recompositions += 1
+        if self.on_change is not None:
+            self.on_change()
         return version
 
     def recompose_now(self) -> int:
@@ -168,6 +174,8 @@ class Orchestrator:
             peer_id=body.peer_id,
             address=body.address,
         )
+        if self.on_change is not None:
+            self.on_change()  # its peer id or address may be new even when the composition stays
         if changed:
             await self.recompose()
         else:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from petals_chain import defaults
 from petals_chain.dispatch.base import Start
@@ -102,6 +102,7 @@ class Lease:
     waited_s: float
     client: str | None = None
     replaces: str | None = None
+    request_id: str | None = None  # the client's handle for its request: a retry of it finds this lease
 
     @property
     def chain_id(self) -> str:
@@ -119,6 +120,27 @@ class _Waiter:
     ttl_s: float
     client: str | None
     replaces: str | None
+    request_id: str | None = None
+    attach_by_s: float | None = None  # restored after a restart: dropped unless its client re-attaches by then
+
+
+class LeaseJournal(Protocol):
+    """Where a LeaseManager records what must survive a restart (:mod:`petals_chain.orchestrator.persist`)."""
+
+    def queued(self, w: _Waiter, next_job: int) -> None:
+        """A request waits in the queue."""
+
+    def left_queue(self, job: int) -> None:
+        """A waiting request gave up."""
+
+    def granted(self, lease: Lease, next_job: int) -> None:
+        """A request got its lease (and left the queue)."""
+
+    def renewed(self, lease: Lease) -> None:
+        """A lease's TTL changed."""
+
+    def ended(self, lease: Lease) -> None:
+        """A lease ended (released, expired, abandoned, replaced)."""
 
 
 @dataclass
@@ -163,6 +185,9 @@ class LeaseManager:
         self._waiting: dict[int, _Waiter] = {}
         self._parked: deque[int] = deque()  # jobs waiting while there are no chains at all
         self._next_job = 0
+        self.journal: LeaseJournal | None = None  # set when the orchestrator keeps its state across restarts
+        self._lease_by_request: dict[str, str] = {}  # request id -> lease id
+        self._restored_by_request: dict[str, int] = {}  # request id -> job of a restored, not re-attached waiter
 
     # ---- chains ---------------------------------------------------------------------------------
 
@@ -223,14 +248,26 @@ class LeaseManager:
         client: str | None = None,
         replaces: str | None = None,
         resume_job: int | None = None,
+        request_id: str | None = None,
     ) -> Lease:
         """Wait (at most timeout_s) for a slot on the fastest free chain and return the lease.
 
         ``resume_job`` (the job of a lease whose chain broke) keeps that job's place in line: it takes a
         free chain at once or waits ahead of every request that arrived after it, never behind them.
+        ``request_id`` (the client's handle, the same on its retries) finds the lease already granted to that
+        request, or the place in line it held before a restart, instead of queueing it again.
         Raises LeaseTimeoutError after timeout_s and QueueFullError when too many already wait;
         if the calling task is cancelled (the client went away) the request leaves the queue.
         """
+        if request_id is not None:
+            held = self._lease_by_request.get(request_id)
+            if held is not None and held in self._leases:
+                return self._leases[held]
+            job = self._restored_by_request.pop(request_id, None)
+            if job is not None and job in self._waiting:
+                w = self._waiting[job]
+                w.attach_by_s = None  # its client is back: it waits like any request
+                return await self._await(w, timeout_s)
         if resume_job is None and len(self._waiting) >= self.max_waiting:
             raise QueueFullError(f"{len(self._waiting)} requests already wait (max_waiting={self.max_waiting})")
         if resume_job is not None and (resume_job in self._waiting or resume_job >= self._next_job
@@ -243,7 +280,8 @@ class LeaseManager:
         else:
             job = resume_job
         self.counters.requested += 1
-        w = _Waiter(job, asyncio.get_running_loop().create_future(), now, ttl_s or self.default_ttl_s, client, replaces)
+        w = _Waiter(job, asyncio.get_running_loop().create_future(), now, ttl_s or self.default_ttl_s, client, replaces,
+                    request_id)
         self._waiting[job] = w
         if self._policy is None:
             bisect.insort(self._parked, job)
@@ -251,6 +289,12 @@ class LeaseManager:
             self._start_all(self._policy.on_resume(job, now), now)
         else:
             self._start_all(self._policy.on_arrival(job, now), now)
+        if self.journal is not None and not w.future.done():
+            self.journal.queued(w, self._next_job)
+        return await self._await(w, timeout_s)
+
+    async def _await(self, w: _Waiter, timeout_s: float) -> Lease:
+        """Wait for the waiter's grant (at most timeout_s); leave the queue on timeout or cancellation."""
         if not w.future.done():
             try:
                 await asyncio.wait({w.future}, timeout=timeout_s)
@@ -269,7 +313,10 @@ class LeaseManager:
             self.counters.abandoned += 1
             self._end(lease, record=False)
             return
-        self._waiting.pop(w.job, None)
+        if self._waiting.pop(w.job, None) is not None and self.journal is not None:
+            self.journal.left_queue(w.job)
+        if w.request_id is not None:
+            self._restored_by_request.pop(w.request_id, None)
         if not (self._policy is not None and self._policy.cancel(w.job)):
             try:
                 self._parked.remove(w.job)
@@ -306,8 +353,14 @@ class LeaseManager:
                 waited_s=waited,
                 client=w.client,
                 replaces=w.replaces,
+                request_id=w.request_id,
             )
             self._leases[lease.lease_id] = lease
+            if w.request_id is not None:
+                self._lease_by_request[w.request_id] = lease.lease_id
+                self._restored_by_request.pop(w.request_id, None)
+            if self.journal is not None:
+                self.journal.granted(lease, self._next_job)
             self.counters.granted += 1
             self.wait_hist.observe(waited)
             w.future.set_result(lease)
@@ -326,8 +379,10 @@ class LeaseManager:
     def renew(self, lease_id: str, ttl_s: float | None = None) -> Lease:
         """Extend a lease: it now expires ttl_s (default: its own TTL) from now."""
         lease = self.get(lease_id)
-        if ttl_s is not None:
+        if ttl_s is not None and ttl_s != lease.ttl_s:
             lease.ttl_s = ttl_s
+            if self.journal is not None:
+                self.journal.renewed(lease)
         lease.expires_s = self.clock() + lease.ttl_s
         return lease
 
@@ -345,7 +400,10 @@ class LeaseManager:
     def _end(self, lease: Lease, *, record: bool) -> None:
         """Drop the lease and free its slot if its chain is still offered."""
         now = self.clock()
-        self._leases.pop(lease.lease_id, None)
+        if self._leases.pop(lease.lease_id, None) is not None and self.journal is not None:
+            self.journal.ended(lease)
+        if lease.request_id is not None and self._lease_by_request.get(lease.request_id) == lease.lease_id:
+            del self._lease_by_request[lease.request_id]
         if record:
             self.service_hist.observe(now - lease.granted_s)
         if lease.chain_index is None or lease.epoch != self._epoch or self._policy is None:
@@ -361,7 +419,35 @@ class LeaseManager:
             self.counters.expired += 1
             self.recent.add(lease, now, "expired")
             self._end(lease, record=True)
+        for w in [x for x in self._waiting.values() if x.attach_by_s is not None and x.attach_by_s <= now]:
+            self._abandon(w, cancelled=True)  # restored, and its client never came back for it
         return due
+
+    def restore(self, leases: Sequence[Lease], waiters: Sequence[_Waiter], next_job: int) -> None:
+        """Take back the leases and the queue kept across a restart (into an empty manager, on the event loop).
+
+        Leases take their chains' slots first (by job, when their chains are offered again), then the waiting
+        requests are offered the chains in their original order; the journal is not written for any of this.
+        """
+        if self._leases or self._waiting:
+            raise RuntimeError("restore() needs a lease manager with no leases and no waiting requests")
+        journal, self.journal = self.journal, None
+        try:
+            for lease in leases:
+                lease.chain_index, lease.epoch = None, -1
+                self._leases[lease.lease_id] = lease
+                if lease.request_id is not None:
+                    self._lease_by_request[lease.request_id] = lease.lease_id
+            for w in waiters:
+                self._waiting[w.job] = w
+                self._parked.append(w.job)
+                if w.request_id is not None:
+                    self._restored_by_request[w.request_id] = w.job
+            jobs = [x.job for x in leases] + [w.job for w in waiters]
+            self._next_job = max([next_job, self._next_job, *(j + 1 for j in jobs)])
+            self.set_chains(self._chains or None, self._version)
+        finally:
+            self.journal = journal
 
     def next_expiry_in_s(self) -> float:
         """Seconds until the earliest lease expires (inf if none)."""

@@ -140,10 +140,12 @@ class WsRrLeaseManager(LeaseManager):
     # ---- the LeaseManager API ---------------------------------------------------------------------------------
 
     async def acquire(self, *, timeout_s: float, ttl_s: float | None = None, client: str | None = None,
-                      replaces: str | None = None, resume_job: int | None = None) -> Lease:
+                      replaces: str | None = None, resume_job: int | None = None,
+                      request_id: str | None = None) -> Lease:
         """Route and commit the request, then wait (at most timeout_s) until it may start on its route.
 
-        BPRR has no failover of its own, so a replacement (``resume_job``) is routed like a new request."""
+        BPRR has no failover of its own, so a replacement (``resume_job``) is routed like a new request; nor is its
+        state kept across restarts, so ``request_id`` (a retry's handle) is accepted and not looked up."""
         if self.queue_length() >= self.max_waiting:
             raise QueueFullError(f"{self.queue_length()} requests already wait (max_waiting={self.max_waiting})")
         if self._ws is None:
