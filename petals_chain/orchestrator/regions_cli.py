@@ -9,7 +9,6 @@ arrivals, optionally refined by a PPO policy checkpoint (``--ppo-checkpoint``). 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
