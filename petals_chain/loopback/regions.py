@@ -71,7 +71,10 @@ class RegionalSwarm(LocalSwarm):
         return f"{ORIGIN_NET}.{self.origins.index(origin)}.1"
 
     def setup_network(self) -> None:
-        """Server addresses on the root loopback; per origin a namespace, a veth pair and the same addresses."""
+        """Server addresses on the root loopback; per origin a namespace, a veth pair and the same addresses
+        (nothing without origins: then every client runs in the root namespace, undelayed)."""
+        if not self.origins:
+            return
         for name, vip in self.vip.items():
             _ip("addr", "add", f"{vip}/32", "dev", "lo")
             self._net_made.append(("addr", "del", f"{vip}/32", "dev", "lo"))
@@ -139,6 +142,8 @@ class RegionalSwarm(LocalSwarm):
         args = super().server_command(plan)
         i = args.index("--orchestrator")
         args[i + 1] = f"{self.url}/regions/{self.region_of[plan.name]}"
+        if not self.origins:  # no delayed origins: plain loopback, as LocalSwarm's servers
+            return args
         port = self.ports[plan.name]
         return args + ["--host-maddrs", f"/ip4/0.0.0.0/tcp/{port}",
                        "--announce-maddrs", f"/ip4/{self.vip[plan.name]}/tcp/{port}"]

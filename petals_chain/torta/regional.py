@@ -69,7 +69,7 @@ def nearest(rtt_s: dict[str, float], names: Sequence[str]) -> str:
 def cluster_by_rtt(rtt_s: np.ndarray, regions: int) -> np.ndarray:
     """Group servers into ``regions`` regions from their pairwise RTT matrix (average-linkage clustering);
     returns a region label 0..regions−1 per server, numbered in order of first appearance."""
-    from scipy.cluster.hierarchy import fcluster, linkage
+    from scipy.cluster.hierarchy import cut_tree, linkage
     from scipy.spatial.distance import squareform
 
     m = np.asarray(rtt_s, dtype=np.float64)
@@ -81,7 +81,7 @@ def cluster_by_rtt(rtt_s: np.ndarray, regions: int) -> np.ndarray:
         return np.zeros(1, dtype=int)
     sym = (m + m.T) / 2
     np.fill_diagonal(sym, 0.0)
-    raw = fcluster(linkage(squareform(sym, checks=False), "average"), regions, criterion="maxclust")
+    raw = cut_tree(linkage(squareform(sym, checks=False), "average"), n_clusters=regions).ravel()
     order = {lab: i for i, lab in enumerate(dict.fromkeys(raw))}
     return np.array([order[x] for x in raw], dtype=int)
 
