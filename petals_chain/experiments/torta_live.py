@@ -97,7 +97,7 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
         clients = [swarm.run_in(o, f"client-{o}", [
             "-m", "petals_chain.loopback.region_client", str(MODEL_DIR), "--orchestrator", swarm.origin_url(o),
             "--origin", o, "--initial-peers", *swarm.initial_peers(o), "--dir", str(work),
-            "--max-length", str(MAX_LENGTH)]) for o in ORIGINS]
+            "--max-length", str(MAX_LENGTH), "--servers", str(len(REGIONS))]) for o in ORIGINS]
         deadline = time.monotonic() + 300
         while not all("loaded" in c.log_path.read_text(errors="replace") for c in clients):
             if time.monotonic() > deadline or any(c.popen.poll() is not None for c in clients):

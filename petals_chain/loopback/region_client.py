@@ -47,6 +47,21 @@ def serve_one(model: Any, req: dict[str, Any], start_epoch: float, max_length: i
     return out
 
 
+def wait_announced(model: Any, servers: int, timeout_s: float = 120.0) -> None:
+    """Until ``servers`` distinct peers announce blocks in the DHT: the client's p2p then knows how to reach every
+    server a lease may name (a first request straight after loading can otherwise find no route to its peer)."""
+    from petals.utils.dht import get_remote_module_infos
+
+    manager = model.transformer.h.sequence_manager
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        infos = get_remote_module_infos(manager.dht, list(manager.block_uids), latest=True)
+        if len({p for info in infos if info is not None for p in info.servers}) >= servers:
+            return
+        time.sleep(1.0)
+    raise TimeoutError(f"fewer than {servers} servers announced their blocks within {timeout_s:g} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Load the client, then run rounds until told to stop."""
     ap = argparse.ArgumentParser(prog="python -m petals_chain.loopback.region_client", description=__doc__)
@@ -56,12 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--initial-peers", nargs="+", required=True)
     ap.add_argument("--dir", type=Path, required=True, help="where go-K.json appear and out-K-ORIGIN.json go")
     ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--servers", type=int, default=1, help="wait until this many servers announce their blocks")
     args = ap.parse_args(argv)
     from petals_chain.client.model import AutoDistributedModelForCausalLM
 
     model = AutoDistributedModelForCausalLM.from_pretrained(
         args.model_dir, orchestrator=args.orchestrator, initial_peers=args.initial_peers, lease_timeout_s=600.0,
         lease_ttl_s=60.0, client_label=args.origin, show_route=False)
+    wait_announced(model, args.servers)
     print("loaded", flush=True)
     k = 0
     while True:

@@ -17,8 +17,8 @@ from petals_chain.loopback.swarm import ServerPlan, http_json, write_tiny_llama
 
 pytestmark = pytest.mark.live
 
-REGIONS = ["r0", "r1", "r2"]
-LATENCY_S = np.array([[0.005, 0.060, 0.025], [0.060, 0.005, 0.040], [0.025, 0.040, 0.005]])
+REGIONS = ["r0", "r1"]  # two keep the test short; the experiment runs three
+LATENCY_S = np.array([[0.005, 0.030], [0.030, 0.005]])
 PROMPTS = [[1, 5, 17, 42, 99, 3], [1, 300, 301, 7], [1, 9, 8, 7, 6, 5, 4, 3], [1, 77]]
 
 
@@ -30,7 +30,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """Three regions of one whole-model server each; slots are closed by the test (a very long slot)."""
+    """Two regions of one whole-model server each; slots are closed by the test (a very long slot)."""
     regions = {r: [ServerPlan(f"{r}-s0", "3MB")] for r in REGIONS}
     sw = RegionalSwarm(tiny_dir, regions, LATENCY_S, [], log_dir=tmp_path_factory.mktemp("regions-logs"),
                        slot_s=3600.0, model_name="tiny-llama", max_length=256, c=1, lease_ttl_s=20.0,
@@ -54,6 +54,10 @@ def test_origin_requests_follow_the_plan_and_answers_are_correct(swarm: Regional
     model = AutoDistributedModelForCausalLM.from_pretrained(str(tiny_dir), orchestrator=swarm.url + "/origins/r0",
                                                            lease_timeout_s=120.0, lease_ttl_s=20.0)
 
+    from petals_chain.loopback.region_client import wait_announced
+
+    wait_announced(model, len(REGIONS))  # the client's p2p learns every server's address from the DHT
+
     def serve(prompt: list[int]) -> str:
         """One greedy request through the swarm; checks the answer and returns the region that served it."""
         with torch.no_grad():
@@ -66,10 +70,10 @@ def test_origin_requests_follow_the_plan_and_answers_are_correct(swarm: Regional
         return region
 
     try:
-        assert [serve(p) for p in PROMPTS[:2]] == ["r0", "r0"]  # A = I until a slot has seen arrivals
+        assert serve(PROMPTS[0]) == "r0"  # A = I until a slot has seen arrivals
         plan = np.array(http_json(swarm.url + "/macro/slot", data={})["plan"])
         assert np.allclose(plan.sum(1), 1.0) and plan[0, 0] < 0.9  # one origin's mass onto every region's share
-        n = 6
+        n = 4
         served = [serve(PROMPTS[i % len(PROMPTS)]) for i in range(n)]
         macro = swarm.get("/macro")
         decided = [d["region"] for d in macro["decisions"] if d["origin"] == "r0"][-n:]
