@@ -136,6 +136,8 @@ class LeaseSnapshot:
 class LeaseManager:
     """Grants, renews, releases and expires leases; JFFC picks the chain, a FIFO queue holds the rest."""
 
+    policy_cls: type[JFFC] = JFFC  # a subclass may pick chains otherwise (the regions' greedy score)
+
     def __init__(
         self,
         *,
@@ -177,7 +179,8 @@ class LeaseManager:
         self._version = version
         self._chains = list(chains or [])
         self._policy = (
-            JFFC([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains]) if self._chains else None
+            self.policy_cls([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
+            if self._chains else None
         )
         index = {}
         for k, c in enumerate(self._chains):

@@ -21,11 +21,21 @@ from typing import Any
 import numpy as np
 
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.leases import Lease, UnknownLeaseError
+from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError
+from petals_chain.torta.chain_score import GreedyScoreChains
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest
 
 log = logging.getLogger(__name__)
 MAX_DECISIONS = 10_000  # routing decisions kept for GET /macro (the newest)
+
+
+class GreedyScoreLeaseManager(LeaseManager):
+    """Leases within a region by the micro layer's greedy score (7)–(10) instead of JFFC's fastest free chain."""
+
+    policy_cls = GreedyScoreChains
+
+
+MICRO = {"jffc": LeaseManager, "greedy": GreedyScoreLeaseManager}  # how a region picks a chain
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--regions", required=True, help="region names, comma-separated (e.g. eu,us,asia)")
     p.add_argument("--latency-ms", required=True, help="inter-region one-way latency matrix in ms, rows by ';'")
     p.add_argument("--policy", default="torta", choices=POLICIES, help="how requests are sent to regions")
+    p.add_argument("--micro", default="jffc", choices=("jffc", "greedy"),
+                   help="how a region picks a chain: JFFC (default) or the micro layer's greedy score")
     p.add_argument("--slot", "--slot-s", dest="slot_s", type=duration_range(gt=0), metavar="DURATION", default=5.0,
                    help="the macro layer's slot (default 5 s)")
     p.add_argument("--ppo-checkpoint", default=None, help="a PPO policy (python -m petals_chain.torta.train) for "
@@ -71,7 +73,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily: the event loop's modules)
     """The region orchestrators and the macro layer the arguments describe."""
     from petals_chain.orchestrator.core import Orchestrator
-    from petals_chain.orchestrator.regions import RegionalOrchestrator
+    from petals_chain.orchestrator.regions import MICRO, RegionalOrchestrator
 
     names = [n.strip() for n in args.regions.split(",") if n.strip()]
     lat = latency_matrix(args.latency_ms, len(names))
@@ -91,7 +93,8 @@ def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily
     for name in names:
         registry, _ = build_registry(args)
         regions[name] = Orchestrator(registry, lease_ttl_s=args.lease_ttl_s,
-                                     heartbeat_timeout_s=args.heartbeat_timeout_s or None, offer_when_serving=True)
+                                     heartbeat_timeout_s=args.heartbeat_timeout_s or None, offer_when_serving=True,
+                                     lease_manager=MICRO[args.micro])
     return RegionalOrchestrator(regions, macro, policy=args.policy)
 
 
