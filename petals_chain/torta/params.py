@@ -80,6 +80,7 @@ class TortaParams:
     lr_decay_every: int = 100
     clip: float = 0.2
     entropy_coef: float = 0.0
+    reward_norm: bool = False  # divide rewards by the running std of the discounted return (⚑ not in the paper)
     gamma: float = 0.99
     gae: float = 0.95
     epochs: int = 10
@@ -140,3 +141,6 @@ class TortaParams:
 
 
 DEFAULT = TortaParams()
+# ``train --quick``: a small trunk and 15 episodes, for which the paper's Adam 3e-4 barely moves the policy
+# (mean reward +14 % on Abilene, seed 1); 1e-3 gives +44 % (⚑ quick runs only; the full settings keep 3e-4)
+QUICK_TRAINING = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4, lr=1e-3)
