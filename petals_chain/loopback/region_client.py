@@ -62,6 +62,23 @@ def wait_announced(model: Any, servers: int, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"fewer than {servers} servers announced their blocks within {timeout_s:g} s")
 
 
+def connect_servers(model: Any, servers: list[dict[str, Any]]) -> int:
+    """Tell the client's p2p daemon every server's announced address (GET /servers): otherwise it knows only the
+    peers its DHT lookups happened to reach, and a lease on any other server fails with "routing: not found"."""
+    from hivemind.p2p import PeerID
+    from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
+    from hivemind.utils.multiaddr import Multiaddr
+
+    p2p = model.transformer.h.sequence_manager.state.p2p
+    n = 0
+    for rec in servers:
+        if rec.get("alive") and rec.get("peer_id") and rec.get("address"):
+            addr = Multiaddr(rec["address"].split("/p2p/")[0])
+            RemoteExpertWorker.run_coroutine(p2p._client.connect(PeerID.from_base58(rec["peer_id"]), [addr]))
+            n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     """Load the client, then run rounds until told to stop."""
     ap = argparse.ArgumentParser(prog="python -m petals_chain.loopback.region_client", description=__doc__)
@@ -78,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoDistributedModelForCausalLM.from_pretrained(
         args.model_dir, orchestrator=args.orchestrator, initial_peers=args.initial_peers, lease_timeout_s=600.0,
         lease_ttl_s=60.0, client_label=args.origin, show_route=False)
+    from petals_chain.loopback.swarm import http_json
+
+    base = args.orchestrator.split("/origins/")[0]
     wait_announced(model, args.servers)
+    connect_servers(model, http_json(base + "/servers")["servers"])
     print("loaded", flush=True)
     k = 0
     while True:
@@ -88,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = json.loads(go.read_text())
         if plan.get("stop"):
             return 0
+        connect_servers(model, http_json(base + "/servers")["servers"])
         results: list[dict[str, Any]] = []
         lock = threading.Lock()
 

@@ -54,9 +54,10 @@ def test_origin_requests_follow_the_plan_and_answers_are_correct(swarm: Regional
     model = AutoDistributedModelForCausalLM.from_pretrained(str(tiny_dir), orchestrator=swarm.url + "/origins/r0",
                                                            lease_timeout_s=120.0, lease_ttl_s=20.0)
 
-    from petals_chain.loopback.region_client import wait_announced
+    from petals_chain.loopback.region_client import connect_servers, wait_announced
 
-    wait_announced(model, len(REGIONS))  # the client's p2p learns every server's address from the DHT
+    wait_announced(model, len(REGIONS))
+    assert connect_servers(model, swarm.get("/servers")["servers"]) == len(REGIONS)  # every server's address
 
     def serve(prompt: list[int]) -> str:
         """One greedy request through the swarm; checks the answer and returns the region that served it."""
