@@ -83,11 +83,16 @@ def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily
 
         from petals_chain.torta.train import load_policy
 
+        import torch
+
         n = len(names)
-        net = load_policy(Path(args.ppo_checkpoint), 3 * n + 3 + 2 * n * n)
-        if net.regions != n:
-            raise RegionError(f"--ppo-checkpoint: trained for {net.regions} regions, --regions names {n}")
-        policy = net.act
+        try:
+            trained = int(torch.load(args.ppo_checkpoint, weights_only=True)["regions"])
+        except Exception as exc:  # a missing, truncated or foreign file
+            raise RegionError(f"--ppo-checkpoint: cannot read {args.ppo_checkpoint}: {exc}") from None
+        if trained != n:
+            raise RegionError(f"--ppo-checkpoint: trained for {trained} regions, --regions names {n}")
+        policy = load_policy(Path(args.ppo_checkpoint), 3 * n + 3 + 2 * n * n).act
     macro = RegionalMacro(names, lat, slot_s=args.slot_s, policy=policy)
     regions = {}
     for name in names:
