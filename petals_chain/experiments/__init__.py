@@ -38,6 +38,7 @@ EXPERIMENTS: dict[str, str] = {
     "torta-fig10": "torta_fig10",
     "torta-fig11": "torta_fig11",
     "torta-fig12": "torta_fig12",
+    "torta-live": "torta_live",  # live: needs root (network namespaces per origin)
 }
 
 

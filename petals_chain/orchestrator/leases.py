@@ -159,6 +159,8 @@ class LeaseSnapshot:
 class LeaseManager:
     """Grants, renews, releases and expires leases; JFFC picks the chain, a FIFO queue holds the rest."""
 
+    policy_cls: type[JFFC] = JFFC  # a subclass may pick chains otherwise (the regions' greedy score)
+
     def __init__(
         self,
         *,
@@ -221,8 +223,8 @@ class LeaseManager:
                 self._start_all(self._policy.on_arrival(job, now), now)
 
     def _new_policy(self) -> JFFC:
-        """The dispatch policy over the chains offered now (JFFC; a subclass may pack instead)."""
-        return JFFC([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
+        """The dispatch policy over the chains offered now (``policy_cls``, JFFC by default; a subclass may pack)."""
+        return self.policy_cls([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
 
     def _carry(self, k: int, lease: Lease) -> bool:
         """A lease carried over a recomposition takes a slot of its chain, index ``k`` now; False if full."""

@@ -84,6 +84,7 @@ class TortaParams:
     # variance low enough for PPO to learn in tens of episodes (0.99 / 0.95 learned 3 %; docs/torta.md)
     gamma: float = 0.5
     gae: float = 0.9
+    reward_norm: bool = False  # divide rewards by the running std of the discounted return (⚑ not in the paper)
     epochs: int = 10
     minibatch: int = 64
     rollouts_per_update: int = 1  # episodes collected (same policy) before each PPO update (⚑)
@@ -144,3 +145,6 @@ class TortaParams:
 
 
 DEFAULT = TortaParams()
+# ``train --quick``: a small trunk and 15 episodes, for which the paper's Adam 3e-4 barely moves the policy
+# (mean reward +14 % on Abilene, seed 1); 1e-3 gives +44 % (⚑ quick runs only; the full settings keep 3e-4)
+QUICK_TRAINING = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4, lr=1e-3)

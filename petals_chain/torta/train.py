@@ -55,6 +55,26 @@ def _rollout(env: FluidMacroEnv, policy: BetaPolicy, gen: torch.Generator) -> di
     return {k: np.asarray(v, dtype=np.float32) for k, v in rec.items()}
 
 
+class ReturnScale:
+    """Running standard deviation of the discounted return (Welford), by which rewards are divided before GAE so
+    that the value net fits returns of order one whatever the reward's units (⚑ ``reward_norm``)."""
+
+    def __init__(self, gamma: float) -> None:
+        self.gamma, self.n, self.mean, self.m2 = gamma, 0, 0.0, 0.0
+
+    def __call__(self, rewards: np.ndarray) -> np.ndarray:
+        """Update with one episode's discounted returns, then return its rewards scaled."""
+        ret = 0.0
+        for r in rewards:
+            ret = self.gamma * ret + float(r)
+            self.n += 1
+            d = ret - self.mean
+            self.mean += d / self.n
+            self.m2 += d * (ret - self.mean)
+        std = np.sqrt(self.m2 / max(self.n - 1, 1))
+        return rewards / max(float(std), 1e-8)
+
+
 def deterministic_distance(env: FluidMacroEnv, policy: BetaPolicy) -> tuple[float, float, float]:
     """Mean ‖A − Prob‖_F, mean ‖A_t − A_{t−1}‖²_F and mean reward of the deterministic policy on ``env``."""
     obs, _ = env.reset()
@@ -82,6 +102,7 @@ def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: in
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=p.lr_decay_every, gamma=p.lr_decay)
     gamma_t, delta_t, s_current = p.gamma0, p.delta0, p.s_target
     k0_hist, rl_hist, curve = [], [], []
+    scale = ReturnScale(p.gamma) if p.reward_norm else None
     per = p.rollouts_per_update
     bar = tqdm(total=episodes, desc=f"PPO {scenarios[0].regions.name}", unit="ep", disable=not progress)
     ep = 0
@@ -93,7 +114,8 @@ def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: in
             roll = _rollout(env, policy, gen)
             with torch.no_grad():
                 values = value(torch.as_tensor(roll["obs"])).numpy()
-            adv, ret = gae(roll["reward"], values, p.gamma, p.gae)
+            rewards = scale(roll["reward"]) if scale is not None else roll["reward"]
+            adv, ret = gae(rewards, values, p.gamma, p.gae)
             rolls.append(roll)
             parts.append((adv, ret))
         adv = np.concatenate([a for a, _ in parts])
@@ -159,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: train on one topology's scenario and write the curve and checkpoints."""
     from petals_chain.experiments.common import REPO, write_csv
     from petals_chain.torta.episode import make_scenario, oracle_forecast
-    from petals_chain.torta.params import DEFAULT
+    from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
     from petals_chain.torta.topology import TOPOHUB_KEYS
 
     ap = argparse.ArgumentParser(prog="python -m petals_chain.torta.train", description=__doc__)
@@ -174,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if episodes < 1:
         print("error: --episodes must be >= 1", file=sys.stderr)
         return 2
-    params = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4) if args.quick else DEFAULT
+    params = QUICK_TRAINING if args.quick else DEFAULT
     slots = 32 if args.quick else DEFAULT.slots
     sc = make_scenario(args.topology, params, args.seed, slots)
     res = train([sc], oracle_forecast, episodes, args.seed, use_ot=not args.no_ot,

@@ -8,7 +8,8 @@ from gymnasium.utils.env_checker import check_env
 
 from petals_chain.torta.env import FluidMacroEnv
 from petals_chain.torta.episode import make_scenario
-from petals_chain.torta.params import DEFAULT
+from petals_chain.torta.episode import oracle_forecast
+from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
 from petals_chain.torta.train import deterministic_distance, train
 
 TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3)
@@ -58,3 +59,23 @@ def test_switching_target_contradicts_the_distance_target_on_this_scenario():
     k0 = float(np.mean(jumps ** 2))
     least = float(np.mean(np.maximum(0.0, jumps - 2 * TINY.eps_target) ** 2))
     assert least > k0 / TINY.s_target, (least, k0)
+
+
+def test_quick_training_improves_mean_reward_by_a_fifth():
+    """The --quick settings on a fixed seed: the sampled mean reward of the last 3 episodes is at least 20 % above
+    (less negative than) the first 3's; with the paper's 3e-4 on the same trunk it is not (+15 %)."""
+    torch.set_num_threads(1)
+    sc = make_scenario("abilene", QUICK_TRAINING, 1, slots=16)
+    res = train([sc], oracle_forecast, 12, seed=1, progress=False)
+    r = np.array([c["mean_reward"] for c in res.curve])
+    first, last = r[:3].mean(), r[-3:].mean()
+    assert (last - first) / abs(first) >= 0.20, (first, last)
+
+
+def test_return_scale_divides_by_the_running_return_std():
+    """reward_norm: rewards divided by the sample std of the discounted returns seen so far (γ = 0: the rewards)."""
+    from petals_chain.torta.train import ReturnScale
+
+    s = ReturnScale(0.0)
+    assert np.allclose(s(np.array([1.0, 3.0, 5.0])), np.array([1.0, 3.0, 5.0]) / 2.0)
+    assert np.allclose(s(np.array([3.0])), [3.0 / np.std([1.0, 3.0, 5.0, 3.0], ddof=1)])
