@@ -90,7 +90,10 @@ def test_every_method_is_accepted_or_refused_by_the_orchestrator(name: str, tmp_
         return
     orch, got = build_orchestrator(args)
     assert got is method
-    assert type(orch.leases) is {Routing.JFFC: LeaseManager, Routing.WS_RR: WsRrLeaseManager}[method.routing]
+    from petals_chain.orchestrator.migration import MigratingLeaseManager  # JFFC that can move sessions (--migration)
+
+    assert type(orch.leases) is {Routing.JFFC: MigratingLeaseManager, Routing.WS_RR: WsRrLeaseManager}[method.routing]
+    assert isinstance(orch.leases, LeaseManager)
     comp = orch.registry.composition
     assert comp is not None and comp.placement == method.compose(SERVERS, MODEL, 0.5, 0.7).placement
     assert len(orch.leases.snapshot().chains) == (len(comp.chains) if method.routing is Routing.JFFC else
