@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cannot = [n for n in names if args.replot and not getattr(load(n), "REPLOT", False)]
     if cannot:
-        print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6 can)",
+        print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6, fig8 can)",
               file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.compose.methods import METHODS
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, plt, read_csv, replotting, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
@@ -28,6 +28,7 @@ QUICK = {"Js": (10, 20, 40), "etas": (0.1, 0.2, 0.4), "runs": 5, "n_jobs": 2000}
 WARMUP_FRACTION = 0.1
 OVERLOAD_RATIO = 0.9  # a run whose completions fall below 90 % of its arrival rate is flagged overloaded
 PAPER_REDUCTION = (8.0, 83.0)
+REPLOT = True  # `--replot` redraws fig8.png and the summary from results/fig8_runs.csv
 BASELINES = ("petals", "petals_capped", "bprr", "bprr_oracle", "jffc_only", "paper", "max-chains")
 
 
@@ -154,13 +155,13 @@ def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...]
     from matplotlib.patches import Patch
 
     handles = [Patch(color=colors[m], label=METHODS[m].legend) for m in shown]
-    fig.legend(handles=handles, loc="upper center", ncol=len(shown), frameon=False)
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(shown), 4), frameon=False)
     note = f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per bar, whiskers 95 % CI; × infeasible; " \
            "hatched: cut, value written"
     if never:
         note += "; infeasible everywhere: " + ", ".join(METHODS[m].legend for m in never)
     fig.text(0.5, 0.01, note, ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
+    fig.tight_layout(rect=(0, 0.04, 1, 0.84 if len(shown) > 4 else 0.92))
     fig.savefig(path)
     pyplot.close(fig)
 
@@ -175,9 +176,12 @@ def run(args) -> Summary:
     settings = tuple((J, eta) for J in cfg["Js"] for eta in cfg["etas"])
     task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"])
     # Resumable: every finished run is kept in .cache/experiments/ and a rerun computes only the missing ones.
-    rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
-                            desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
-    write_csv(args.out / "fig8_runs.csv", rows)
+    if replotting(args):  # redraw from the saved runs (their statuses and means), no simulation
+        rows = read_csv(args.out / "fig8_runs.csv")
+    else:
+        rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
+                                desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
+        write_csv(args.out / "fig8_runs.csv", rows)
     agg = aggregate(rows, settings)
     write_csv(args.out / "fig8.csv", agg)
     red = reductions(rows, settings)
