@@ -19,7 +19,7 @@ from petals_chain.experiments.common import REPO, Summary, plt, write_csv
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 from petals_chain.model import SpecError
 
-DEFAULT_STEM = REPO / "results" / "profile" / "cpu-emulated-regime"
+DEFAULT_STEM = REPO / "results" / "profile" / "cpu-emulated-regime-gpu0"  # the profile measured last
 KIND_COLOURS = {"high end": "tab:blue", "low end": "tab:orange"}
 PAPER = ["computation time grows linearly with the number of blocks a server runs",
          "prefill time grows linearly with the input length; decode time linearly with the output length"]
@@ -73,8 +73,8 @@ def draw(path: Path, data: dict[str, list[pf.Point]], fits: dict[str, ServerFit]
         ax.set(xlabel=xl, ylabel=yl, title=f"{title}\nrel. RMSE {100 * errors[key].rel_rmse:.0f} %, "
                                            f"max {100 * errors[key].max_rel_error:.0f} %")
         ax.legend(fontsize=8)
-    fig.suptitle("Fig 9 on the CPU-emulated testbed (SmolLM2-135M, 9 servers): computation = step time − fitted "
-                 "round trip", fontsize=10)
+    fig.suptitle(f"Fig 9 on the CPU-emulated testbed (SmolLM2-135M, {len(fits)} servers): computation = step "
+                 "time − fitted round trip", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     pyplot.close(fig)
