@@ -53,7 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                    help="profile JSON from python -m petals_chain.launch.profile (fitted τ and capacity)")
     p.add_argument("--requests", type=int, default=None, help="first N requests (default 40 quick, 200 full)")
-    p.add_argument("--load", type=float, default=0.7, help="replay rate as a fraction of the measured capacity")
+    p.add_argument("--load", type=float, default=0.3, help="replay rate as a fraction of the measured capacity")
     p.add_argument("--input-scale", type=float, default=1 / 32, help="factor on prompt lengths")
     p.add_argument("--output-scale", type=float, default=1.0, help="factor on output lengths")
     p.add_argument("--methods", default=",".join(METHOD_ORDER), help="comma-separated subset, in this order")
