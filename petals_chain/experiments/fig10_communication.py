@@ -102,6 +102,11 @@ def run(args: Any) -> Summary:
             if pts:
                 lines.append(f"{k}, {kind}: mean {np.mean([p.measured_s for p in pts]):.3f} s, measured slope "
                              f"{pf.slope(pts) * 1e3:.2f} ms per unit of x")
+    share = pf.decode_comm_share(samples, profile.fits, profile.num_blocks)
+    lines.append(f"the fitted round trip is {100 * share:.0f} % of a measured decode step on all {profile.num_blocks} "
+                 "blocks: where it is small, the computation's run-to-run noise is as large as the communication, so "
+                 "the inferred communication scatters (even below 0) and the errors above are large; the paper's "
+                 "GPU testbed, where a step is mostly communication, separates the two far better")
     lines.append(f"profile {stem.relative_to(REPO) if stem.is_relative_to(REPO) else stem}: {profile.command} "
                  f"({profile.created}); measured = client-side step times, communication inferred by subtracting the "
                  "per-server fitted computation, see petals_chain/experiments/profile_figs.py")

@@ -204,6 +204,21 @@ def slope(points: Sequence[Point]) -> float:
     return float(np.polyfit([p.x for p in points], [p.measured_s for p in points], 1)[0])
 
 
+def line_r2(points: Sequence[Point]) -> float:
+    """R² of a straight line through the measured figures against x (how linear the measurement is)."""
+    if len({p.x for p in points}) < 2:
+        return math.nan
+    return float(np.corrcoef([p.x for p in points], [p.measured_s for p in points])[0, 1] ** 2)
+
+
+def decode_comm_share(samples: Sequence[StepSample], fits: Mapping[str, ServerFit], num_blocks: int) -> float:
+    """Fitted round trip over the mean measured decode step on all L blocks (how much of a step is communication)."""
+    steps = [s for s in samples if s.kind == "decode" and s.blocks == num_blocks]
+    if not steps:
+        return math.nan
+    return float(np.mean([fits[s.server].round_trip_s for s in steps]) / np.mean([s.time_s for s in steps]))
+
+
 def kind_of(fits: Mapping[str, ServerFit]) -> dict[str, str]:
     """Server -> 'high end' (the fastest speed factor) or 'low end', for colouring by the slice it stands in for."""
     top = max(f.speed_factor for f in fits.values())
