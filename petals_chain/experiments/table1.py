@@ -128,11 +128,11 @@ def prepare(args: argparse.Namespace, strict: bool = True) -> Prepared:
     from petals_chain.launch.live_setup import FittedServer
     from petals_chain.launch.profile_results import load_profile
 
-    tb, trace, setup, methods = load_inputs(args)
     if not args.design_rate_factor > 0:
         raise SpecError(f"--design-rate-factor must be > 0, got {args.design_rate_factor!r}")
     if args.paper_c < 0:
         raise SpecError(f"--paper-c must be >= 1 (or 0 to tune c), got {args.paper_c!r}")
+    tb, trace, setup, methods = load_inputs(args)
     profile = load_profile(args.profile)
     if strict and (profile.num_blocks != setup.num_blocks or profile.max_length != setup.max_length):
         raise SpecError(f"{args.profile}: profiled {profile.num_blocks} blocks / max_length {profile.max_length}, "

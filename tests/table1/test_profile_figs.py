@@ -72,5 +72,7 @@ def test_committed_profile_matches_the_papers_shapes(tmp_path):
     summary = f9.run(argparse.Namespace(out=tmp_path, quick=False, seed=1))
     assert (tmp_path / "fig9.csv").is_file() and (tmp_path / "fig9.png").stat().st_size > 10_000
     assert any(line.startswith("decode vs output length: relative RMSE") for line in summary.lines)
-    summary = f10.run(argparse.Namespace(out=tmp_path, quick=False, seed=1))
-    assert (tmp_path / "fig10.png").is_file() and any("paper's RTT + 18 ms" in line for line in summary.lines)
+    paper = f10.panels(samples, profile.fits, profile.num_blocks, BASE, paper_model=True)
+    assert [p.measured_s for p in paper["rest @ output"]] == [p.measured_s for p in comm["rest @ output"]]
+    assert all(p.model_s == pytest.approx((p.x - 1) * (profile.fits[p.server].rtt_s + 0.018))
+               for p in paper["rest @ output"])

@@ -86,3 +86,20 @@ def test_paper_side_reproduces_the_published_shape():
     text = "\n".join(tr.format_report(rows, "ours", "paper"))
     assert "| c of the paper composition | 35 |" in text and "25/32" in text and "12/32" in text
     assert "load of JFFC only (chains)" in text
+
+
+def test_paper_method_composes_at_its_design_rate_and_c():
+    from petals_chain.experiments.table1 import method_rate_c, parse_args
+
+    args = parse_args([])
+    assert (args.design_rate_factor, args.paper_c) == (8.0, 35)
+    assert method_rate_c(args, "paper", 0.5) == (4.0, 35)
+    assert method_rate_c(args, "proposed", 0.5) == (0.5, None)
+    assert method_rate_c(parse_args(["--paper-c", "0"]), "paper", 0.5) == (4.0, None)  # 0: tuned
+
+
+def test_regime_cli_rejects_a_bad_design_rate(capsys):
+    from petals_chain.experiments.table1 import main
+
+    assert main(["--regime", "--design-rate-factor", "0", "--requests", "5"]) == 2
+    assert "--design-rate-factor must be > 0" in capsys.readouterr().err
