@@ -12,6 +12,7 @@ TESTBED.yaml PART_STEM... --stem STEM [--capacity median|sum]``.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -40,24 +41,37 @@ def merge_capacity(caps: Sequence[Capacity], rule: str = "median") -> Capacity:
                    completed=sum(c.completed for c in caps))
 
 
-def merge_profiles(parts: Sequence[Profile], command: str, rule: str = "median") -> Profile:
-    """The parts' fits together (SpecError if a server is in two parts or the parts differ in model or cache)."""
+def merge_profiles(parts: Sequence[Profile], command: str, rule: str = "median", testbed: str | None = None) -> Profile:
+    """The parts' fits together, named ``testbed`` (default the first part's); SpecError if a server is in two
+    parts or the parts differ in model, cache or job. Parts may come from testbed files that share servers (a
+    group's own file, e.g. one A100's worth): :func:`check_servers` checks they are the same servers."""
     if not parts:
         raise SpecError("no profiles to merge")
     first = parts[0]
     fits = {}
     for p in parts:
-        if (p.testbed, p.model, p.num_blocks, p.max_length, p.job) != (first.testbed, first.model, first.num_blocks,
-                                                                        first.max_length, first.job):
+        if (p.model, p.num_blocks, p.max_length, p.job) != (first.model, first.num_blocks, first.max_length,
+                                                            first.job):
             raise SpecError(f"profile of {p.testbed} ({p.model}, {p.num_blocks} blocks, max_length {p.max_length}, "
-                            f"job {p.job}) differs from the first part's ({first.testbed}, {first.model}, "
+                            f"job {p.job}) differs from the first part's ({first.model}, "
                             f"{first.num_blocks}, {first.max_length}, {first.job})")
         if dup := sorted(set(fits) & set(p.fits)):
             raise SpecError(f"server(s) {', '.join(dup)} profiled in two parts")
         fits.update(p.fits)
     caps = [p.capacity for p in parts if p.capacity is not None]
-    return Profile(first.testbed, first.model, first.num_blocks, first.max_length, fits,
+    return Profile(testbed or first.testbed, first.model, first.num_blocks, first.max_length, fits,
                    merge_capacity(caps, rule), first.job, max(p.created for p in parts), command)
+
+
+def check_servers(profile: Profile, servers: dict[str, tuple[float, float]], where: str) -> None:
+    """Every fitted server is in the testbed with the same RTT and speed factor ((rtt_s, speed_factor) by name)."""
+    for n, f in profile.fits.items():
+        if n not in servers:
+            raise SpecError(f"{where}: no server {n}")
+        rtt, speed = servers[n]
+        if not (math.isclose(f.rtt_s, rtt, rel_tol=1e-6) and math.isclose(f.speed_factor, speed, rel_tol=1e-6)):
+            raise SpecError(f"{where}: server {n} has RTT {rtt * 1e3:.3f} ms and speed {speed:g}, its profile "
+                            f"{f.rtt_s * 1e3:.3f} ms and {f.speed_factor:g}: not the same server")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,10 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for s in args.parts:
             samples += read_samples_csv(Path(f"{s}_samples.csv"))
         cmds = "; ".join(re.sub(r" --out \S+", "", p.command) for p in parts)  # the parts' folder is scratch
-        profile = merge_profiles(parts, f"{cmds}; merged with --capacity {args.capacity}", args.capacity)
+        profile = merge_profiles(parts, f"{cmds}; merged with --capacity {args.capacity}", args.capacity, tb.name)
         servers = {s.name: s for s in tb.servers}
-        if unknown := [n for n in profile.fits if n not in servers]:
-            raise SpecError(f"{args.testbed}: no server(s) {', '.join(unknown)}")
+        check_servers(profile, {n: (s.rtt_s, s.speed_factor) for n, s in servers.items()}, str(args.testbed))
         paths = write_outputs(args.out, args.stem, profile, samples, model_setup(tb),
                               {n: servers[n].memory_bytes for n in profile.fits}, FULL_GRID)
     except (SpecError, TestbedError, OSError) as err:
