@@ -307,7 +307,12 @@ def regime_report(args: argparse.Namespace) -> list[str]:
     paper, paper_kinds = tr.paper_side(str(PAPER_CLUSTER), methods, paper_c=paper_c,
                                        design_rate_factor=args.design_rate_factor)
     kinds = tr.emulated_kinds([s.name for s in prep.testbed.servers], [s.speed_factor for s in prep.testbed.servers])
-    header = [f"testbed {args.testbed}, profile {args.profile}"
+    def rel(path: Path) -> str:
+        """A path relative to the repository where it lies inside it."""
+        path = Path(path).resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+    header = [f"testbed {rel(args.testbed)}, profile {rel(args.profile)}"
               + ("" if prep.profile.max_length == prep.setup.max_length else
                  f" (profiled with a {prep.profile.max_length}-token cache, the testbed has {prep.setup.max_length})"),
               *prep.plan.describe(), ""]
