@@ -17,6 +17,8 @@ EXPERIMENTS: dict[str, str] = {
     "fig6": "fig6_c_curve",
     "fig7": "fig7_c_star",
     "fig8": "fig8_overall",
+    "fig9": "fig9_computation",  # from the committed profile of the emulated testbed (results/profile/)
+    "fig10": "fig10_communication",
     "fig11": "fig11_trace",  # the Azure trace against Poisson / exponential (needs the data folder)
     "table1": "table1",  # live: needs root and a profile (experiments/table1.sh)
     "moldable-table1": "moldable_table1",  # moldable jobs (docs/moldable.md); writes results/moldable_table1.*

@@ -33,11 +33,13 @@ from petals_chain.experiments.common import REPO, Summary, publish
 from petals_chain.experiments.limit import distance_to_limit
 from petals_chain.experiments.replay import (ReplayPlan, ReplayResult, check_littles_law, plan_replay, prompts_for,
                                              replay, summarize)
+from petals_chain.experiments.table1_regime import PAPER_C, PAPER_DESIGN_RATE_FACTOR
 from petals_chain.experiments.table1_report import METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, write_outputs
 from petals_chain.model import InfeasibleError, SpecError, span_json, span_text
 
-DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated.yaml"
-DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated.json"
+DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated_regime.yaml"
+DEFAULT_PROFILE = REPO / "results" / "profile" / "cpu-emulated-regime.json"
+PAPER_CLUSTER = REPO / "experiments" / "clusters" / "llama2_7b_testbed.yaml"
 
 # ---- the whole experiment ---------------------------------------------------------------------------------------
 
@@ -51,10 +53,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
                    help="profile JSON from python -m petals_chain.launch.profile (fitted τ and capacity)")
     p.add_argument("--requests", type=int, default=None, help="first N requests (default 40 quick, 200 full)")
-    p.add_argument("--load", type=float, default=0.7, help="replay rate as a fraction of the measured capacity")
+    p.add_argument("--load", type=float, default=0.3, help="replay rate as a fraction of the measured capacity")
     p.add_argument("--input-scale", type=float, default=1 / 32, help="factor on prompt lengths")
     p.add_argument("--output-scale", type=float, default=1.0, help="factor on output lengths")
     p.add_argument("--methods", default=",".join(METHOD_ORDER), help="comma-separated subset, in this order")
+    p.add_argument("--design-rate-factor", type=float, default=PAPER_DESIGN_RATE_FACTOR,
+                   help="the paper composition is composed for this × the replay rate (the authors designed for "
+                        "about 8 × the trace's rate)")
+    p.add_argument("--paper-c", type=int, default=PAPER_C,
+                   help="reserved concurrency c of the paper composition (published: 35; 0 = tune it)")
+    p.add_argument("--regime", action="store_true",
+                   help="print the regime report (ratios next to the paper's testbed's) and exit; no root needed")
     p.add_argument("--drain-timeout-s", type=float, default=None, help="wait after the last arrival (default 300/900)")
     p.add_argument("--out", type=Path, default=REPO / "results")
     p.add_argument("--stem", default="table1")
@@ -112,14 +121,20 @@ def check_inputs(argv: Sequence[str]) -> int:
     return 0
 
 
-def prepare(args: argparse.Namespace) -> Prepared:
-    """Validate inputs and plan the replay; SpecError (naming the file/field) before any process is started."""
+def prepare(args: argparse.Namespace, strict: bool = True) -> Prepared:
+    """Validate inputs and plan the replay; SpecError (naming the file/field) before any process is started.
+
+    ``strict=False`` (the regime report) accepts a profile of another cache length."""
     from petals_chain.launch.live_setup import FittedServer
     from petals_chain.launch.profile_results import load_profile
 
+    if not args.design_rate_factor > 0:
+        raise SpecError(f"--design-rate-factor must be > 0, got {args.design_rate_factor!r}")
+    if args.paper_c < 0:
+        raise SpecError(f"--paper-c must be >= 1 (or 0 to tune c), got {args.paper_c!r}")
     tb, trace, setup, methods = load_inputs(args)
     profile = load_profile(args.profile)
-    if profile.num_blocks != setup.num_blocks or profile.max_length != setup.max_length:
+    if strict and (profile.num_blocks != setup.num_blocks or profile.max_length != setup.max_length):
         raise SpecError(f"{args.profile}: profiled {profile.num_blocks} blocks / max_length {profile.max_length}, "
                         f"the testbed has {setup.num_blocks} / {setup.max_length}: profile this testbed again")
     missing = [s.name for s in tb.servers if s.name not in profile.fits]
@@ -173,14 +188,15 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
         swarm = TestbedSwarm(launch, setup, log_dir)
         for method in prep.methods:
             t_m = time.monotonic()
+            rate, c = method_rate_c(args, method, plan.replay_rate_per_s)
             try:
-                plan_method(method, prep.servers, setup.spec, plan.replay_rate_per_s)
+                plan_method(method, prep.servers, setup.spec, rate, c=c)
             except InfeasibleError as exc:  # as the simulator does: the method cannot serve this cluster
                 infos[method] = {"status": "infeasible", "summary": str(exc)}
                 log(f"[{method}] infeasible: {exc}")
                 continue
             log(f"[{method}] starting servers (logs in {log_dir})")
-            live = LiveMethod(method, swarm, prep.servers, arrival_rate=plan.replay_rate_per_s, job=job)
+            live = LiveMethod(method, swarm, prep.servers, arrival_rate=rate, job=job, c=c)
             try:
                 info = live.start()
                 log(f"[{method}] ready after {info.startup_s:.0f} s: {_describe_info(info)}")
@@ -252,6 +268,13 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                                     "proposed 76.8 % (paper, Table 1)"], {"stats": stats})
 
 
+def method_rate_c(args: argparse.Namespace, method: str, replay_rate: float) -> tuple[float, int | None]:
+    """The rate a method composes for and its fixed c: the paper composition at its design rate and c."""
+    if method == "paper":
+        return replay_rate * args.design_rate_factor, (args.paper_c or None)
+    return replay_rate, None
+
+
 def _describe_info(info: Any) -> str:
     """One line about a started method: chains/capacity or PETALS' own spans."""
     spans = ", ".join(f"{n}[{span_text(a, b)}]" for n, (a, b) in sorted(info.placement.items()))
@@ -270,12 +293,42 @@ def run(args: argparse.Namespace) -> Summary:
     return run_live(full, prepare(full))
 
 
+def regime_report(args: argparse.Namespace) -> list[str]:
+    """The testbed's regime next to the paper's (petals_chain.experiments.table1_regime), for the replay's plan."""
+    from petals_chain.experiments import table1_regime as tr
+
+    prep = prepare(args, strict=False)
+    methods = [m for m in METHOD_ORDER if m in prep.methods]
+    paper_c = args.paper_c or None
+    ours = tr.regime("this testbed", [s.spec for s in prep.servers], prep.setup.spec,
+                     replay_rate=prep.plan.replay_rate_per_s,
+                     design_rate=prep.plan.replay_rate_per_s * args.design_rate_factor, paper_c=paper_c,
+                     methods=methods)
+    paper, paper_kinds = tr.paper_side(str(PAPER_CLUSTER), methods, paper_c=paper_c,
+                                       design_rate_factor=args.design_rate_factor)
+    kinds = tr.emulated_kinds([s.name for s in prep.testbed.servers], [s.speed_factor for s in prep.testbed.servers])
+    def rel(path: Path) -> str:
+        """A path relative to the repository where it lies inside it."""
+        path = Path(path).resolve()
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+    header = [f"testbed {rel(args.testbed)}, profile {rel(args.profile)}"
+              + ("" if prep.profile.max_length == prep.setup.max_length else
+                 f" (profiled with a {prep.profile.max_length}-token cache, the testbed has {prep.setup.max_length})"),
+              *prep.plan.describe(), ""]
+    return tr.report_lines(ours, kinds, paper, paper_kinds, header)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Validate (exit 2 with one line on bad input, before anything starts), run, record in results/README.md."""
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
+        if args.regime:
+            for line in regime_report(args):
+                print(line)
+            return 0
         prep = prepare(args)
         if os.geteuid() != 0:
             raise SpecError("table1 brings a testbed up and needs root (network namespaces)")

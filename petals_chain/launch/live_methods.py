@@ -72,13 +72,14 @@ class MethodInfo:
 
 
 def plan_method(method: str, servers: Sequence[FittedServer], model: ModelSpec, arrival_rate: float,
-                target_load: float = defaults.TARGET_LOAD) -> Composition | None:
+                target_load: float = defaults.TARGET_LOAD, c: int | None = None) -> Composition | None:
     """The composition an orchestrated method will use (None for PETALS, which places its blocks itself);
     InfeasibleError if it cannot serve, SpecError if it does not run live."""
     entry = live_method(method)
     if not entry.orchestrated:
         return None
-    return entry.compose([s.spec for s in servers], model, arrival_rate, target_load)
+    return entry.compose([s.spec for s in servers], model, arrival_rate, target_load,
+                         c=c if entry.tunes_c else None)
 
 
 class LiveMethod:
@@ -86,7 +87,7 @@ class LiveMethod:
 
     def __init__(self, method: str, swarm: TestbedSwarm, servers: Sequence[FittedServer], *, arrival_rate: float,
                  target_load: float = defaults.TARGET_LOAD, job: tuple[int, int] = (64, 24),
-                 ready_timeout_s: float = 300.0) -> None:
+                 ready_timeout_s: float = 300.0, c: int | None = None) -> None:
         self.entry: Method = live_method(method)
         self.method = method
         self.swarm = swarm
@@ -95,6 +96,7 @@ class LiveMethod:
         self.target_load = target_load
         self.job = job
         self.ready_timeout_s = ready_timeout_s
+        self.c = c  # a fixed reserved concurrency for a method that tunes c (orchestrator --c); None: tuned
         self.client: PetalsClient | LeasingClient | None = None
         self.info = MethodInfo(method)
         self.url: str | None = None
@@ -151,8 +153,9 @@ class LiveMethod:
     def _start_orchestrated(self) -> None:
         """The orchestrator of this method (pinned fitted τ) with its DHT, orchestrated servers, the leasing client."""
         setup = self.swarm.setup
+        c = self.c if self.entry.tunes_c else None
         comp = self.entry.compose([s.spec for s in self.servers], setup.spec, self.arrival_rate,
-                                  self.target_load)  # fails here, before anything starts, if the method cannot serve
+                                  self.target_load, c=c)  # fails here, before anything starts, if it cannot serve
         cluster = write_cluster(self.swarm.log_dir / f"cluster-{self.method}.yaml", setup, self.servers,
                                 self.arrival_rate, self.target_load, self.job)
         host = self.swarm.host
@@ -161,6 +164,8 @@ class LiveMethod:
                 "--block-bytes", repr(float(setup.block_bytes)), "--cache-bytes", repr(float(setup.cache_bytes)),
                 "--host", host, "--port", "0", "--start-dht", "--dht-host-maddrs", f"/ip4/{host}/tcp/0",
                 "--heartbeat-timeout-s", repr(ORCHESTRATOR_HEARTBEAT_TIMEOUT_S), "--log-level", "WARNING"]
+        if c is not None:
+            argv += ["--c", str(c)]
         self.swarm.spawn_root("orchestrator", argv)
         self.url = self.swarm.wait_line("orchestrator", READY_LINE, 120.0).group(1)
         from petals_chain.loopback.swarm import http_json

@@ -96,11 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             samples = p.measure(grid, rng, progress)
             bar.close()
+            from petals_chain.launch.profile_results import write_samples_csv
+
+            write_samples_csv(args.out / f"{stem}_samples.csv", samples)  # kept even if the probe below fails
             cap = None
             if not args.no_capacity:
                 print(f"capacity probe: {streams} closed-loop streams of l_in={job[0]}, l_out={job[1]} for "
                       f"{probe_s:g} s (+10 s warm-up)", flush=True)
-                cap = p.capacity(job[0], job[1], streams=streams, duration_s=probe_s, warmup_s=10.0, seed=args.seed)
+                try:
+                    cap = p.capacity(job[0], job[1], streams=streams, duration_s=probe_s, warmup_s=10.0,
+                                     seed=args.seed)
+                except RuntimeError as err:  # the fits are still worth writing; Table 1 then refuses the profile
+                    print(f"warning: {err}; the profile is written without a capacity (probe again with a "
+                          "longer --capacity-s)", file=sys.stderr, flush=True)
         servers = {s.name: s for s in tb.servers}
         fits = {n: fit_server(samples, n, rtt_s=servers[n].rtt_s, speed_factor=servers[n].speed_factor)
                 for n in names}
