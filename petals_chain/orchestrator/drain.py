@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 120.0  # a drain lets the server leave after this long even if sessions are still on it
 DRAIN_POLL_S = 0.05
-DRAINED_REASON = "drained"  # the reason a drained server is marked as left with (its heartbeat then stops it)
+# the reason a drained server is marked as left with (its heartbeat then stops it); "left: " as a server that leaves
+DRAINED_REASON = "left: drained"
 
 
 async def drain_server(orch: Orchestrator, name: str, *, wait_s: float, timeout_s: float) -> dict[str, Any]:

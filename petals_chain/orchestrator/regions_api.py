@@ -108,6 +108,17 @@ async def _new_slot(request: web.Request) -> web.Response:
     return web.json_response({"slot": reg.macro.slot, "plan": plan.tolist()})
 
 
+async def _swarm(request: web.Request) -> web.Response:
+    """GET /swarm (or /origins/O/swarm): the DHT's initial peers and prefix and the model, as a single orchestrator
+    answers it, so a client of any origin needs only the front's URL."""
+    reg = _reg(request)
+    first = next(iter(reg.regions.values()))
+    dht, model = reg.dht_info or {}, first.registry.model
+    return web.json_response({"initial_peers": dht.get("initial_peers") or [], "dht_prefix": dht.get("dht_prefix"),
+                              "model": {"name": model.name, "num_blocks": model.num_blocks,
+                                        **(first.model_source or {})}})
+
+
 async def _lease(request: web.Request) -> web.Response:
     """POST /lease (or /origins/O/lease): route the request to a region, long-poll there for a chain."""
     reg = _reg(request)
@@ -164,6 +175,7 @@ def build_regional_app(reg: RegionalOrchestrator, *, token: str | None = None, r
     app[REGIONAL_KEY] = reg
     for prefix in ("", "/origins/{origin}"):
         app.router.add_get(prefix + "/health", _health)
+        app.router.add_get(prefix + "/swarm", _swarm)
         app.router.add_post(prefix + "/lease", _lease)
         app.router.add_post(prefix + "/lease/{lease_id}/renew", _renew)
         app.router.add_post(prefix + "/lease/{lease_id}/release", _release)

@@ -28,6 +28,7 @@ from tests.live.test_failover import _ChainWatch  # noqa: E402
 from tests.live.test_swarm import _chains, _wait_for  # noqa: E402
 
 from petals_chain.loopback.swarm import LocalSwarm, http_json  # noqa: E402
+from petals_chain.orchestrator.drain import DRAINED_REASON  # noqa: E402
 
 tiny_dir = test_swarm.tiny_dir
 reference = test_swarm.reference
@@ -217,7 +218,7 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     assert gen.record.version == version  # the lease it moved to predates any recomposition
     assert f"drained {victim.name}: " in victim.log_path.read_text(errors="replace"), victim.log_tail()
     rec = next(r for r in mswarm.get("/servers")["servers"] if r["name"] == victim.name)
-    assert rec["alive"] is False and rec["dead_reason"] == "drained", rec
+    assert rec["alive"] is False and rec["dead_reason"] == DRAINED_REASON, rec
     _wait_for(lambda: mswarm.get("/health")["version"] > version, 30, "the recomposition after the drain")
     assert all(victim.name not in _servers(c) for c in _chains(mswarm))
     print(f"\n[drain] {victim.name}: its session moved {moves[0].tokens} tokens in {moves[0].downtime_s:.3f} s")

@@ -12,6 +12,7 @@ import pytest
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+from petals_chain.orchestrator.drain import DRAINED_REASON
 from petals_chain.orchestrator.leases import UnknownLeaseError
 from petals_chain.orchestrator.migration import MigratingLeaseManager, NoMoveError
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving, wait_until
@@ -166,7 +167,7 @@ def test_a_drained_chains_session_waits_at_the_head_of_the_queue_for_a_slot_else
 def test_drain_over_http_moves_sessions_then_the_server_leaves_then_recomposition() -> None:
     """POST /servers/a/drain with two sessions on a: a's chain stops being offered, both sessions get a renew reply
     with migrate_to, the registry's composition does not change until both moved; then a is marked left
-    ("drained") and the orchestrator recomposes. Bad input: unknown server 404, bad wait_s 400, migrated
+    ("left: drained") and the orchestrator recomposes. Bad input: unknown server 404, bad wait_s 400, migrated
     without a move 404."""
 
     async def body() -> None:
@@ -188,7 +189,7 @@ def test_drain_over_http_moves_sessions_then_the_server_leaves_then_recompositio
             assert orch.registry.version == version and orch.registry.servers["a"].alive  # one session still on a
             await oc.migrated(on_a[1].lease_id)
             done = await oc.drain("a", wait_s=5)
-            assert done["left"] and not done["draining"] and done["sessions"] == 0 and done["reason"] == "drained"
+            assert done["left"] and not done["draining"] and done["sessions"] == 0 and done["reason"] == DRAINED_REASON
             await wait_until(lambda: _recomposed(orch, version))
             with pytest.raises(OrchestratorError) as err:
                 await oc.drain("nosuch")

@@ -159,6 +159,9 @@ def test_http_origin_in_path_or_body_rtt_inference_and_errors() -> None:
                 lease = await r.json()
                 assert r.status == 200 and lease["origin"] == "r1" and lease["region"] == "r1"
                 assert lease["spans"][0]["server"] == "a1"
+            async with http.get(url + "/origins/r1/swarm") as r:  # a client of any origin needs only the URL
+                joined = await r.json()
+                assert r.status == 200 and joined["model"]["num_blocks"] == reg.regions["r1"].registry.model.num_blocks
             async with http.post(url + "/lease", json={"rtt_s": {"r0": 0.05, "r2": 0.01}}) as r:
                 other = await r.json()
                 assert r.status == 200 and other["origin"] == "r2" == other["region"]
