@@ -75,8 +75,10 @@ def test_dashboard_in_chromium_shows_the_swarm(smollm2_dir: Path, chromium: str,
     drawn, the screenshot is written; releasing the other lease shows up on the page without a reload."""
     from playwright.sync_api import sync_playwright
 
+    # max-chains at c = 2 forms both chains whatever τ the servers measure (a alone, b → c): the page must show two;
+    # the default composition may leave b and c idle when a's whole-model chain alone gives the lower bound.
     with LocalSwarm(smollm2_dir, PLANS, log_dir=tmp_path / "logs", model_name="SmolLM2-135M-Instruct", max_length=128,
-                    arrival_rate=0.5) as sw:
+                    arrival_rate=0.5, c=2, orchestrator_extra=("--method", "max-chains")) as sw:
         sw.start(timeout_s=360)
         done = http_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
         held = http_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
