@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.sim.kernels import njit
+from petals_chain.sim.kernels import _heap_pop, _heap_push, njit
 
 DISTS = {"exp": 0, "det": 1, "erlang": 2, "pareto": 3}
 # out[] layout of the kernel's scalar results
@@ -35,9 +35,13 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
     ``area[i-1]`` = ∫ (jobs on i servers) dt over [0, last arrival].
     """
     d = speed.shape[0]
+    # the departure heap of the chain simulator (sim/kernels.py): time, then (slot, servers, unused) per job; a
+    # job's slot (free-listed: at most n jobs in system) keys its duration and breaks ties in the heap
     ht = np.empty(n)
+    hp = np.empty((n, 3), np.int64)
     hd = np.empty(n)
-    hk = np.empty(n, np.int64)
+    free = np.arange(n - 1, -1, -1)
+    nfree = n
     cnt = np.zeros(d, np.int64)
     size = 0
     busy = 0
@@ -59,8 +63,9 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
         t = t + rng.exponential(mean_gap)
         while size > 0 and ht[0] <= t:
             td = ht[0]
-            dd = hd[0]
-            kk = hk[0]
+            slot = hp[0, 0]
+            kk = hp[0, 1]
+            dd = hd[slot]
             dt = td - t_prev
             for i in range(d):
                 area[i] += cnt[i] * dt
@@ -72,29 +77,9 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
             done += 1
             done_d += dd
             done_s += dd * speed[kk - 1]
-            # pop: move the last entry down from the root
-            size -= 1
-            if size > 0:
-                lt = ht[size]
-                ld = hd[size]
-                lk = hk[size]
-                pos = 0
-                while True:
-                    c = 2 * pos + 1
-                    if c >= size:
-                        break
-                    if c + 1 < size and ht[c + 1] < ht[c]:
-                        c += 1
-                    if ht[c] < lt:
-                        ht[pos] = ht[c]
-                        hd[pos] = hd[c]
-                        hk[pos] = hk[c]
-                        pos = c
-                    else:
-                        break
-                ht[pos] = lt
-                hd[pos] = ld
-                hk[pos] = lk
+            free[nfree] = slot
+            nfree += 1
+            size = _heap_pop(ht, hp, size)
         dt = t - t_prev
         for i in range(d):
             area[i] += cnt[i] * dt
@@ -126,27 +111,17 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
             n_below += 1
             if n_below > max_below:
                 max_below = n_below
-        # push
-        pos = size
-        size += 1
-        tdep = t + dur
-        while pos > 0:
-            parent = (pos - 1) >> 1
-            if ht[parent] <= tdep:
-                break
-            ht[pos] = ht[parent]
-            hd[pos] = hd[parent]
-            hk[pos] = hk[parent]
-            pos = parent
-        ht[pos] = tdep
-        hd[pos] = dur
-        hk[pos] = k
+        nfree -= 1
+        slot = free[nfree]
+        hd[slot] = dur
+        size = _heap_push(ht, hp, size, t + dur, slot, k, 0)
     remain_d = 0.0
     remain_r = 0.0
     for e in range(size):
-        elapsed = t - (ht[e] - hd[e])
+        dd = hd[hp[e, 0]]
+        elapsed = t - (ht[e] - dd)
         remain_d += elapsed
-        remain_r += elapsed * speed[hk[e] - 1]
+        remain_r += elapsed * speed[hp[e, 1] - 1]
     out[ARRIVALS] = n_arrivals
     out[BLOCKED] = blocked
     out[ADMITTED] = admitted
