@@ -6,6 +6,7 @@ import csv
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +19,17 @@ from petals_chain.sim.montecarlo import confidence_interval
 REPO = Path(__file__).resolve().parents[2]
 
 
-def code_digest() -> str:
-    """A digest of every source file of the package: a checkpoint is reused only by the very same code."""
+def code_digest(loaded_only: bool = False) -> str:
+    """A digest of the package's source files: every one, or (``loaded_only``) those of the modules imported so far,
+    which for a running experiment are the code it runs: a checkpoint is reused only by the very same code."""
+    if loaded_only:
+        names = {m.__file__ for k, m in list(sys.modules.items())
+                 if (k == "petals_chain" or k.startswith("petals_chain.")) and getattr(m, "__file__", None)}
+        paths = sorted(Path(f).resolve() for f in names if f.endswith(".py"))
+    else:
+        paths = sorted((REPO / "petals_chain").rglob("*.py"))
     h = hashlib.sha256()
-    for path in sorted((REPO / "petals_chain").rglob("*.py")):
+    for path in paths:
         h.update(path.relative_to(REPO).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -29,10 +37,11 @@ def code_digest() -> str:
 
 def checkpoint_path(name: str, args: Any) -> Path | None:
     """Where a full (not --quick) run keeps its finished replications so that a rerun of the same code resumes
-    (git-ignored .cache/; the file name carries the code's digest, so changed code never reuses stale rows)."""
+    (git-ignored .cache/; the file name carries the digest of the modules the run has imported, so changed code
+    never reuses stale rows while edits elsewhere in the package do not throw hours of runs away)."""
     if args.quick:
         return None
-    return REPO / ".cache" / "experiments" / f"{name}-seed{args.seed}-{code_digest()}.jsonl"
+    return REPO / ".cache" / "experiments" / f"{name}-seed{args.seed}-{code_digest(loaded_only=True)}.jsonl"
 
 
 @dataclass

@@ -89,5 +89,20 @@ def test_experiment_checkpoints_are_for_full_runs_of_the_same_code() -> None:
 
     assert checkpoint_path("fig8", SimpleNamespace(quick=True, seed=1)) is None  # quick runs always recompute
     path = checkpoint_path("fig8", SimpleNamespace(quick=False, seed=1))
-    assert path is not None and path.name == f"fig8-seed1-{code_digest()}.jsonl" and ".cache" in path.parts
+    assert path is not None and ".cache" in path.parts
+    assert path.name == f"fig8-seed1-{code_digest(loaded_only=True)}.jsonl"
     assert code_digest() == code_digest() and len(code_digest()) == 16
+
+
+def test_checkpoint_digest_follows_the_modules_a_run_imported(monkeypatch):
+    """Only the code a run imported keys its checkpoint: dropping one loaded module changes the digest, and the
+    whole-package digest is a different (wider) key."""
+    import sys
+
+    import petals_chain.moldable.kernel  # noqa: F401  (a module the moldable experiments run)
+    from petals_chain.experiments.common import code_digest
+
+    before = code_digest(loaded_only=True)
+    assert before == code_digest(loaded_only=True) and before != code_digest()
+    monkeypatch.delitem(sys.modules, "petals_chain.moldable.kernel")
+    assert code_digest(loaded_only=True) != before
