@@ -24,6 +24,7 @@ RECOMPOSE_REL_TOL = 0.25
 RECOMPOSE_ABS_TOL_S = 1e-3
 
 # ---- HTTP calls to the orchestrator ----------------------------------------------------------------
+DHT_JOIN_ATTEMPTS = 4  # a client joining a busy swarm retries a DHT bootstrap that no initial peer answered
 CALL_TIMEOUT_S = 30.0  # one request/reply to the orchestrator (register, heartbeat, health, release, ...)
 UNREACHABLE_WAIT_S = 120.0  # a client retries an unreachable orchestrator (a restart) this long before giving up
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # its exponential backoff: the first pause, doubling up to this one

@@ -9,6 +9,8 @@ loads a petals model and swaps in leasing subclasses at petals' plug-in points (
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from typing import Any
 
 from petals.client.remote_sequential import RemoteSequential
@@ -19,6 +21,8 @@ from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
+
+log = logging.getLogger(__name__)
 
 
 class OrchestratedRemoteSequential(RemoteSequential):
@@ -135,7 +139,8 @@ class AutoDistributedModelForCausalLM:
                     raise SpecError(f"the orchestrator at {orchestrator} serves {served.get('name')!r} without saying "
                                     "where it comes from (no --model there): pass the model directory or repository")
                 model_name_or_path = _local_model(model_name_or_path)  # a directory must exist on this machine too
-            model = petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
+            model = _join_swarm(lambda: petals.AutoDistributedModelForCausalLM.from_pretrained(
+                model_name_or_path, *args, **kwargs))
             expected = served.get("num_blocks")
             if expected is not None and model.config.num_hidden_layers != expected:
                 raise SpecError(f"{model_name_or_path} has {model.config.num_hidden_layers} blocks but the "
@@ -144,3 +149,17 @@ class AutoDistributedModelForCausalLM:
         except BaseException:
             orch.close()
             raise
+
+
+def _join_swarm(load: Any, attempts: int = defaults.DHT_JOIN_ATTEMPTS) -> Any:
+    """Run ``load`` (which starts the client's DHT node), retrying a bootstrap that no initial peer answered: on a
+    busy machine or network the first pings can time out although the swarm is up (the orchestrator vouched for it)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return load()
+        except RuntimeError as exc:
+            if "bootstrap failed" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("joining the swarm's DHT failed (%s); try %d of %d", exc, attempt + 1, attempts)
+            time.sleep(2.0 * attempt)
+    raise AssertionError("unreachable")
