@@ -34,7 +34,8 @@ from petals_chain.experiments.limit import distance_to_limit
 from petals_chain.experiments.replay import (ReplayPlan, ReplayResult, check_littles_law, plan_replay, prompts_for,
                                              replay, summarize)
 from petals_chain.experiments.table1_regime import PAPER_C, PAPER_DESIGN_RATE_FACTOR
-from petals_chain.experiments.table1_report import METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, write_outputs
+from petals_chain.experiments.table1_report import (METHOD_ORDER, PAPER_REDUCTION_PCT, improvement_pct, load_finished,
+                                                    write_outputs)
 from petals_chain.model import InfeasibleError, SpecError, span_json, span_text
 
 DEFAULT_TESTBED = REPO / "experiments" / "testbeds" / "cpu_emulated_regime.yaml"
@@ -67,6 +68,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout-s", type=float, default=None, help="wait after the last arrival (default 300/900)")
     p.add_argument("--out", type=Path, default=REPO / "results")
     p.add_argument("--stem", default="table1")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the methods a previous run of the same plan finished (read from --out/--stem) and run "
+                        "only the others")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 
@@ -180,13 +184,17 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
     stats: dict[str, dict[str, float]] = {}
     results: dict[str, ReplayResult] = {}
     infos: dict[str, dict[str, Any]] = {}
+    if args.resume:  # a long run split over sessions: methods already replayed on this plan are kept
+        stats, results, infos = load_finished(args.out, args.stem, plan)
+        for m in stats:
+            log(f"[{m}] kept from the previous run ({args.out / args.stem}_requests.csv)")
     log_dir = Path("/tmp") / f"petals_chain_table1_{os.getpid()}"
     t_all = time.monotonic()
     launch = Launch(prep.testbed, log=log)
     try:
         launch.up()
         swarm = TestbedSwarm(launch, setup, log_dir)
-        for method in prep.methods:
+        for method in (m for m in prep.methods if m not in stats):
             t_m = time.monotonic()
             rate, c = method_rate_c(args, method, plan.replay_rate_per_s)
             try:
@@ -211,9 +219,9 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
 
                 res = replay(method, live.client.serve, plan, prep.prompts, drain_timeout_s=drain, progress=progress)
                 bar.close()
-            except MethodError as exc:
-                infos[method] = {"status": "failed to start", "summary": str(exc).splitlines()[0]}
-                log(f"[{method}] failed: {exc}")
+            except (MethodError, RuntimeError, OSError) as exc:  # one method failing loses none of the others
+                infos[method] = {"status": "failed", "summary": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+                log(f"[{method}] failed: {type(exc).__name__}: {exc}")
                 continue
             finally:
                 live.stop()
@@ -224,7 +232,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                              "summary": _describe_info(live.info),
                              "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
-                             "errors": sorted({r.error for r in bad})[:5]}
+                             "errors": sorted({r.error for r in bad})[:5], "wall_s": res.wall_s}
             if METHODS[method].routing is Routing.JFFC:  # fixed chains: how far from the Theorem 3.7 limit
                 limit = distance_to_limit(res.records, live.info.chains)
                 infos[method]["limit"] = limit.as_json()

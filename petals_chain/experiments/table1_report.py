@@ -180,3 +180,39 @@ def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, Repl
     fig.savefig(path)
     pyplot.close(fig)
     return path
+
+
+def load_finished(out_dir: Path, stem: str, plan: ReplayPlan) -> tuple[dict, dict, dict]:
+    """The methods a previous run of the same plan already replayed (``--resume``), read back from its outputs:
+    ``(stats, results, infos)``; empty when there is none, and an error when the outputs belong to another plan."""
+    from petals_chain.experiments.replay import RequestRecord, summarize
+    from petals_chain.model import SpecError
+
+    details = out_dir / f"{stem}_details.json"
+    if not details.exists():
+        return {}, {}, {}
+    saved = json.loads(details.read_text())
+    if saved.get("plan") != list(plan.describe()):
+        raise SpecError(f"--resume: {details} was written for another replay plan ({saved.get('plan', ['?'])[0]}); "
+                        "use another --stem or drop --resume")
+    kinds = {f.name: f.type for f in RequestRecord.__dataclass_fields__.values()}
+    casts = {"int": int, "float": float, "str": str, "bool": lambda v: v == "True"}
+    records: dict[str, list] = {}
+    with (out_dir / f"{stem}_requests.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            rec = RequestRecord(**{k: casts[str(kinds[k])](v) for k, v in row.items()})
+            records.setdefault(rec.method, []).append(rec)
+    samples: dict[str, list] = {}
+    with (out_dir / f"{stem}_samples.csv").open() as fh:
+        for row in csv.DictReader(fh):
+            samples.setdefault(row["method"], []).append((float(row["time_s"]), float(row["in_flight"])))
+    stats, results, infos = {}, {}, {}
+    for m, info in saved.get("infos", {}).items():
+        if not str(info.get("status", "")).startswith("ran") or m not in records:
+            continue
+        recs = records[m]
+        wall = info.get("wall_s", max(r.end_s for r in recs))
+        results[m] = ReplayResult(m, recs, np.asarray(samples.get(m, []), dtype=float).reshape(-1, 2), wall)
+        stats[m] = summarize(recs)
+        infos[m] = info
+    return stats, results, infos

@@ -67,3 +67,31 @@ def test_table1_outputs_flag_the_miss_and_keep_the_samples(tmp_path) -> None:
     assert "- jffc_only:" in md and "WARNING" in md.split("- jffc_only:")[1].splitlines()[0]
     lines = paths["samples"].read_text().splitlines()
     assert lines[0] == "method,time_s,in_flight" and len(lines) == 1 + 2 * t.size
+
+
+def test_table1_resume_reads_back_what_a_run_wrote(tmp_path) -> None:
+    """--resume: the methods a run replayed come back with their records, samples and stats; another plan is refused."""
+    from dataclasses import replace
+
+    from petals_chain.experiments.replay import ReplayPlan, summarize
+    from petals_chain.experiments.table1_report import load_finished, write_outputs
+
+    t = np.arange(0.0, 90.0, 0.05)
+    results = {}
+    for m in ("petals", "bprr"):
+        recs = [replace(_rec(i, 2.0 * i, 2.0 * i + 0.5, 2.0 * i + 1.0 + (i % 5)), method=m) for i in range(40)]
+        results[m] = ReplayResult(m, recs, np.column_stack([t, _counts(recs, t)]), 90.0)
+    plan = ReplayPlan(np.arange(40) * 2.0, np.full(40, 8), np.full(40, 4), 1.0, 1.0, 1.0, 0.5, 0.5, 1.0, 0.5, 764,
+                      "synthetic")
+    stats = {m: summarize(res.records) for m, res in results.items()}
+    infos = {"petals": {"status": "ran", "wall_s": 91.0}, "bprr": {"status": "failed", "summary": "x"}}
+    write_outputs(tmp_path, "t1", stats, {"petals": results["petals"]}, plan, infos, "test")
+    got_stats, got_results, got_infos = load_finished(tmp_path, "t1", plan)
+    assert list(got_results) == ["petals"] and got_infos["petals"]["wall_s"] == 91.0  # a failed method is rerun
+    assert got_results["petals"].records == results["petals"].records
+    assert got_results["petals"].samples.shape == (t.size, 2)
+    assert got_stats["petals"] == stats["petals"]
+    assert load_finished(tmp_path, "other", plan) == ({}, {}, {})
+    other = replace(plan, load=0.7)
+    with pytest.raises(SpecError, match="another replay plan"):
+        load_finished(tmp_path, "t1", other)
