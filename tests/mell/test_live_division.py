@@ -64,6 +64,8 @@ def test_live_bench_rejects_bad_lengths(capsys) -> None:
                  ["--live-only", "--lengths", "abc"], ["--live", "--cap-mbit", "-1"]):
         assert bench_mell.run(argv) == 2
         assert capsys.readouterr().out.startswith("error: --lengths")
+    assert bench_mell.run(["--division-only", "-3"]) == 2
+    assert capsys.readouterr().out.startswith("error: --division-only")
 
 
 def test_the_fastest_rule_picks_the_faster_mode_in_every_measured_case() -> None:
