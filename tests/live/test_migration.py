@@ -116,9 +116,11 @@ def _servers(chain: dict) -> tuple[str, ...]:
 class _Generation:
     """One leased session generating NEW_TOKENS greedily in a thread; ``session`` once it has a lease."""
 
-    def __init__(self, model, hold: threading.Event | None = None) -> None:
+    def __init__(self, model, hold: threading.Event | None = None, prompt: list[int] = PROMPT,
+                 new_tokens: int = NEW_TOKENS, max_length: int = MAX_LENGTH) -> None:
         self.model = model
         self.hold = hold  # when given: the session stays open after generating until it is set
+        self.prompt, self.new_tokens, self.max_length = prompt, new_tokens, max_length
         self.closed_s: float | None = None
         self.session = None
         self.tokens: list[int] | None = None
@@ -130,10 +132,10 @@ class _Generation:
     def _run(self) -> None:
         """The generation; its exception, if any, is kept."""
         try:
-            with self.model.inference_session(max_length=MAX_LENGTH) as s:
+            with self.model.inference_session(max_length=self.max_length) as s:
                 self.session = s
-                out = self.model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                          session=s)
+                out = self.model.generate(torch.tensor([self.prompt]), max_new_tokens=self.new_tokens,
+                                          do_sample=False, session=s)
                 self.tokens = out[0].tolist()
                 if self.hold is not None:
                     self.hold.wait(180)
@@ -144,13 +146,15 @@ class _Generation:
 
     def wait_generating(self, tokens: int = 4) -> None:
         """Until the session stepped a few tokens (it holds its lease and server sessions)."""
-        _wait_for(lambda: self.session is not None and self.session.position >= len(PROMPT) + tokens, 120,
+        _wait_for(lambda: self.error is not None or (self.session is not None
+                                                     and self.session.position >= len(self.prompt) + tokens), 300,
                   "the session to be generating", period_s=0.005)
-        assert self.session.position < len(PROMPT) + NEW_TOKENS, "generation ended before the test acted"
+        assert self.error is None, self.error
+        assert self.session.position < len(self.prompt) + self.new_tokens, "generation ended before the test acted"
 
-    def join(self) -> None:
+    def join(self, timeout_s: float = 180.0) -> None:
         """Wait for the end; re-raise its error."""
-        self.thread.join(180)
+        self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "generation did not end"
         if self.error is not None:
             raise self.error
