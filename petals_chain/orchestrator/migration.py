@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from petals_chain.dispatch.rules import migration_source, speed_order
+from petals_chain.mell.hybrid import Mode
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.bodies import Body, NonNegativeSeconds
 from petals_chain.orchestrator.chains import ChainInfo
@@ -32,7 +33,7 @@ from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)
-MOVE_MODES = ("kv", "token")  # how the holder moved (mell.hybrid.Mode), as it reports it
+MOVE_MODES = (Mode.KV.value, Mode.TOKEN.value)  # how the holder moved, as it reports it
 UNKNOWN_MODE = "unknown"  # a holder that did not say
 
 
@@ -45,14 +46,14 @@ class PolicyBody(Body):
 class MigratedBody(Body):
     """POST /lease/{id}/migrated: how the holder moved and how long the move held its session (both optional)."""
 
-    mode: Literal["kv", "token"] | None = None
+    mode: Literal[MOVE_MODES] | None = None
     seconds: NonNegativeSeconds | None = None
 
 
 class MigrationFailedBody(Body):
     """POST /lease/{id}/migration-failed: the mode of the move that failed (optional)."""
 
-    mode: Literal["kv", "token"] | None = None
+    mode: Literal[MOVE_MODES] | None = None
 
 
 class NoMoveError(UnknownLeaseError):
