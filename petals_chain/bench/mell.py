@@ -8,6 +8,10 @@ live request grows by one token, and, for comparison in the same run, best fit's
 ``--live`` adds the live part (bench/mell_live.py): the downtime of moving a SmolLM2 session between two chains of
 a loopback swarm by KV transfer and by token replay, at 128-2048 tokens, on plain loopback and under a ``tc tbf``
 cap (``--cap-mbit``, needs root), and which mode Mell's adaptive division would pick for each.
+
+``--division-only N``: the simulator (Mell and load balancing, both settings, the four workloads, N requests, the
+same arrivals per cell) with its moves divided by first fit and by the fastest rule: seconds of stall the moves
+cost, moves per mode, peak GPUs.
 """
 
 from __future__ import annotations
@@ -73,7 +77,14 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="128,512,1024,2048", help="session lengths for --live (tokens)")
     ap.add_argument("--cap-mbit", type=float, default=10.0, help="bandwidth cap of the capped --live run, Mbit/s "
                     "(0: no capped run)")
+    ap.add_argument("--division-only", type=int, default=0, metavar="N",
+                    help="only compare the simulator's division rules 'first' and 'fastest' on N requests per cell")
     args = ap.parse_args(argv)
+    if args.division_only:
+        if args.division_only < 1:
+            print(f"error: --division-only must be >= 1 requests, got {args.division_only}")
+            return 2
+        return _division(args.division_only, args.seed)
     if args.live or args.live_only:
         try:
             lengths = tuple(int(x) for x in args.lengths.split(","))
@@ -89,6 +100,30 @@ def run(argv: list[str] | None = None) -> int:
             return code
     if args.live or args.live_only:
         return _live(lengths, args.cap_mbit, args.seed)
+    return 0
+
+
+def _division(requests: int, seed: int) -> int:
+    """Print stall seconds, modes and peak GPUs of the simulator under division rules 'first' and 'fastest'."""
+    import dataclasses
+
+    from petals_chain.experiments.mell_common import WORKLOADS, config, make_policy, workload
+    from petals_chain.mell.sim import simulate
+
+    print(f"{'setting':>9} {'workload':>13} {'policy':>6} {'stall s first':>13} {'fastest':>9} "
+          f"{'kv/token/defer first':>21} {'fastest':>17} {'peak GPUs':>10}")
+    for setting in SETTINGS:
+        for wl in WORKLOADS:
+            for policy in ("Mell", "LB"):
+                res = {}
+                for rule in ("first", "fastest"):
+                    cfg = dataclasses.replace(config(setting), division_rule=rule)
+                    arrivals = workload(wl, setting, requests, np.random.default_rng(seed))
+                    res[rule] = simulate(make_policy(policy, cfg.capacity_tokens), arrivals, cfg)
+                a, b = res["first"], res["fastest"]
+                modes = ["/".join(str(r.modes[m]) for m in ("kv", "token", "defer")) for r in (a, b)]
+                print(f"{setting:>9} {wl:>13} {policy:>6} {a.stall_s:13.1f} {b.stall_s:9.1f} {modes[0]:>21} "
+                      f"{modes[1]:>17} {a.peak_gpus:>4} / {b.peak_gpus:<4}", flush=True)
     return 0
 
 

@@ -243,15 +243,17 @@ def division_check(rows: list[DowntimeRow], transfer_limit_s: float = 2.0,
     """Per link and length: the mode that was faster, and the mode ``hybrid_divide`` picks for that one move with
     budgets from this link's measured bandwidth and prefill rate (the largest session's transfer and replay):
     once with the simulator's epoch limits (docs/mell.md, "Simulator"), once with an epoch long enough for both
-    modes of that move (so the rule, not the budget, decides)."""
-    from petals_chain.mell.hybrid import Budgets, hybrid_divide, machine_path
+    modes of that move (so the rule, not the budget, decides). The ``fastest`` rule estimates each mode's time
+    from this link's profile (:func:`~petals_chain.mell.hybrid.profile_speeds` of its shortest and longest
+    session's downtimes)."""
+    from petals_chain.mell.hybrid import RULES, Budgets, hybrid_divide, machine_path, profile_speeds
     from petals_chain.mell.state import Move
 
-    def picks(move: list[Move], per_token: int, link_bytes: float, prefill_tokens: int) -> dict[str, str]:
-        """The first-fit and best-fit pick for one move under these budgets."""
+    def picks(move: list[Move], per_token: int, link_bytes: float, prefill_tokens: int, speeds) -> dict[str, str]:
+        """Every rule's pick for one move under these budgets."""
         budgets = Budgets({}, {}, default_link_bytes=link_bytes, default_prefill_tokens=prefill_tokens)
-        return {rule: hybrid_divide(move, per_token, budgets, machine_path(1), rule).modes[0].value
-                for rule in ("first", "best")}
+        return {rule: hybrid_divide(move, per_token, budgets, machine_path(1), rule, speeds).modes[0].value
+                for rule in RULES}
 
     out = []
     for link in sorted({r.link for r in rows}):
@@ -262,16 +264,26 @@ def division_check(rows: list[DowntimeRow], transfer_limit_s: float = 2.0,
         bw = kv[big].kv_bytes / kv[big].migrate_s
         rate = rp[big].position / rp[big].migrate_s
         per_token = kv[big].kv_bytes // kv[big].position
+        ends = (min(kv), big)
+        speeds = profile_speeds([(kv[n].kv_bytes, kv[n].downtime_s) for n in ends],
+                                [(rp[n].position, rp[n].downtime_s) for n in ends])
         for n in sorted(kv):
             faster = "kv" if kv[n].downtime_s <= rp[n].downtime_s else "token"
             move = [Move(0, 0, 1, kv[n].position)]
-            sim = picks(move, per_token, bw * transfer_limit_s, int(rate * prefill_limit_s))
+            sim = picks(move, per_token, bw * transfer_limit_s, int(rate * prefill_limit_s), speeds)
             epoch = 1.01 * max(kv[n].position * per_token / bw, kv[n].position / rate)
-            both = picks(move, per_token, bw * epoch, int(rate * epoch))
+            both = picks(move, per_token, bw * epoch, int(rate * epoch), speeds)
             out.append({"link": link, "tokens": n, "bandwidth_MBps": bw / 1e6, "prefill_tok_s": rate,
                         "kv_downtime_s": kv[n].downtime_s, "replay_downtime_s": rp[n].downtime_s, "faster": faster,
-                        "first_fit": sim["first"], "best_fit": sim["best"], "first_fit_both": both["first"],
-                        "best_fit_both": both["best"]})
+                        "first_fit": sim["first"], "best_fit": sim["best"], "fastest": sim["fastest"],
+                        "first_fit_both": both["first"], "best_fit_both": both["best"],
+                        "fastest_both": both["fastest"],
+                        "kv_estimate_s": speeds.kv_s(("move",), kv[n].position * per_token),
+                        "replay_estimate_s": speeds.token_s(1, kv[n].position),
+                        "profile": {"link_MBps": speeds.default_link_bytes_per_s / 1e6,
+                                    "kv_setup_s": speeds.kv_setup_s,
+                                    "prefill_tok_s": speeds.default_prefill_tokens_per_s,
+                                    "prefill_doubling_tokens": speeds.prefill_doubling_tokens}})
     return out
 
 

@@ -173,15 +173,14 @@ def _replay(session: InferenceSession, new: list[_ServerInferenceSession], input
         x = s.step(x, DUMMY, DUMMY_INT64, step_id=step_id, end_position=inputs.shape[1])
 
 
-def migrate(session: InferenceSession, hops: Sequence[Hop], mode: str = "kv") -> Migration:
-    """Move ``session`` onto ``hops`` between two steps, by KV transfer or token replay; on any failure close
-    what was opened, keep the old chain and raise ``MigrationError``."""
+def open_at(session: InferenceSession, spans: Sequence[RemoteSpanInfo], mode: str = "kv") -> list[
+        _ServerInferenceSession]:
+    """Server sessions along ``spans`` holding ``session``'s cache at its position, by KV transfer from its current
+    server sessions or by token replay, linked for petals' push; the current ones stay open and in use. On any
+    failure what was opened is closed and ``MigrationError`` raised (the session is untouched)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    spans = route_spans(session, hops)
-    t0 = time.perf_counter()
     old = list(session._server_sessions)
-    before = hops_of(session)
     position = session.position
     new: list[_ServerInferenceSession] = []
     try:
@@ -205,7 +204,20 @@ def migrate(session: InferenceSession, hops: Sequence[Hop], mode: str = "kv") ->
         raise MigrationError(f"{mode} migration at position {position} failed ({type(exc).__name__}: {exc}); "
                              "the session stays on its old chain") from exc
     _link(new)
-    session._server_sessions = new
+    return new
+
+
+def migrate(session: InferenceSession, hops: Sequence[Hop], mode: str = "kv") -> Migration:
+    """Move ``session`` onto ``hops`` between two steps, by KV transfer or token replay; on any failure close
+    what was opened, keep the old chain and raise ``MigrationError``."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    spans = route_spans(session, hops)
+    t0 = time.perf_counter()
+    old = list(session._server_sessions)
+    before = hops_of(session)
+    position = session.position
+    session._server_sessions = open_at(session, spans, mode)
     _close(old)
     return Migration(mode, position, time.perf_counter() - t0, before, hops_of(session))
 

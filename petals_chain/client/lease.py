@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from petals_chain import defaults
+from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
@@ -27,8 +29,10 @@ class LeaseOptions:
     max_failovers: int = 8  # per step: more failed chains than this and the step raises FailoverError
     reload_wait_s: float = 120.0  # how long a session waits for a server of its chain to finish loading its span
     move_check_s: float = 0.5  # at a step boundary, ask whether to move (a renew) when the last ask is this old
-    move_link_bytes: float = 0.0  # per move, bytes of KV cache the link may carry (0: never KV transfer)
-    move_prefill_tokens: int = 1 << 30  # per move, tokens the new chain may re-prefill (token replay)
+    move_link_bytes: float = math.inf  # per move, bytes of KV cache the link may carry (0: never KV transfer)
+    move_prefill_tokens: int = 1 << 30  # per move, tokens the new chain may re-prefill (0: never token replay)
+    move_rule: str = "fastest"  # how a move's mode is picked among those within budget (mell.hybrid.RULES)
+    move_speeds: Speeds = field(default_factory=Speeds)  # the profile the 'fastest' rule estimates times from
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "ttl_s", "reload_wait_s", "move_check_s"):
@@ -42,6 +46,10 @@ class LeaseOptions:
         if not (isinstance(self.move_prefill_tokens, int) and self.move_prefill_tokens >= 0):
             raise SpecError(f"lease option 'move_prefill_tokens' must be an integer >= 0, got "
                             f"{self.move_prefill_tokens!r}")
+        if self.move_rule not in RULES:
+            raise SpecError(f"lease option 'move_rule' must be one of {RULES}, got {self.move_rule!r}")
+        if not isinstance(self.move_speeds, Speeds):
+            raise SpecError(f"lease option 'move_speeds' must be a mell.hybrid.Speeds, got {self.move_speeds!r}")
 
 
 class LeaseKeeper:

@@ -1,11 +1,12 @@
-"""Moving a live leased session to another chain: the ``Migrator`` interface, token replay, and the choice of mode.
+"""Moving a live leased session to another chain: the ``Migrator`` interface, its two modes, and the choice of mode.
 
 A migrator makes a session's server state live on a new chain at the same position, or raises and leaves the
 session exactly as it was on its old chain (whose server sessions stay open until the move has succeeded). Token
 replay re-sends every input the session has stepped (its prompt and generated tokens) through fresh server sessions
-of the new chain; a KV transfer mode registers itself in :data:`MIGRATORS` under ``Mode.KV``. The mode of a move
-is the adaptive division of :func:`petals_chain.mell.hybrid.hybrid_divide` over this one move, deterministic, so
-every caller with the same budgets picks the same. docs/migration.md, "Token replay".
+of the new chain; KV transfer has each new server pull the cache of its blocks from the old ones
+(:func:`petals_chain.client.kv_migrate.open_at`, the same path as ``kv_migrate.migrate``). The mode of a move is the
+adaptive division of :func:`petals_chain.mell.hybrid.hybrid_divide` over this one move, deterministic, so every
+caller with the same budgets and speeds picks the same. docs/migration.md, "Modes".
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from petals.client.inference_session import InferenceSession
 
-from petals_chain.mell.hybrid import Budgets, Mode, hybrid_divide
+from petals_chain.client import kv_migrate
+from petals_chain.client.kv_migrate import MigrationError
+from petals_chain.mell.hybrid import Budgets, Mode, Speeds, hybrid_divide
 from petals_chain.mell.state import Move
 from petals_chain.orchestrator.client import LeaseInfo
 
@@ -28,8 +31,8 @@ log = logging.getLogger(__name__)
 SOURCE_LINK = "move"  # the one link a single move is charged to
 
 
-class MigrationError(RuntimeError):
-    """A move could not be carried out; the session is still on its old chain, unchanged."""
+__all__ = ["MIGRATORS", "KvTransfer", "MigrationError", "Migrator", "Switch", "TokenReplay", "choose_mode",
+           "kv_bytes_per_token", "migrator_for"]
 
 
 @dataclass
@@ -93,15 +96,40 @@ class TokenReplay:
         return switch
 
 
-MIGRATORS: dict[Mode, Migrator] = {Mode.TOKEN: TokenReplay()}
+class KvTransfer:
+    """KV transfer: each server of the new chain pulls the cache of its blocks from the old chain's servers, which
+    keep theirs (and serve the session) until the switch is committed."""
+
+    mode = Mode.KV
+
+    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
+        """Open the new chain's server sessions holding the session's cache at its position; the old ones stay."""
+        switch = Switch(session, session._server_sessions, session._sequence_manager, session._position)
+        manager = session._base_manager.with_lease(lease)
+        session._sequence_manager = manager  # the new sessions' metadata and routing are the new lease's
+        try:
+            new = kv_migrate.open_at(session, manager.make_sequence(mode="min_latency"), "kv")
+        except Exception as exc:
+            session._sequence_manager = switch.old_manager
+            if isinstance(exc, MigrationError):
+                raise
+            raise MigrationError(f"KV transfer onto chain {lease.chain_id} failed: {exc!r}") from exc
+        session._server_sessions = new
+        return switch
 
 
-def choose_mode(tokens: int, kv_bytes_per_token: int, link_bytes: float, prefill_tokens: int) -> Mode:
-    """The mode of one move of ``tokens`` cached tokens by the adaptive division (KV transfer first when the link's
-    budget allows it, else token replay within the new chain's prefill budget, else deferred)."""
+MIGRATORS: dict[Mode, Migrator] = {Mode.TOKEN: TokenReplay(), Mode.KV: KvTransfer()}
+
+
+def choose_mode(tokens: int, kv_bytes_per_token: int, link_bytes: float, prefill_tokens: int,
+                rule: str = "fastest", speeds: Speeds | None = None) -> Mode:
+    """The mode of one move of ``tokens`` cached tokens by the adaptive division within the per-move budgets of
+    the link (bytes) and the new chain (prefill tokens): by default the faster feasible mode under ``speeds``
+    (:class:`~petals_chain.mell.hybrid.Speeds`' defaults when None); ``rule='first'`` tries KV first; deferred when
+    neither fits."""
     budgets = Budgets({SOURCE_LINK: float(link_bytes)}, {1: int(prefill_tokens)})
     division = hybrid_divide([Move(0, 0, 1, int(tokens))], max(1, int(kv_bytes_per_token)), budgets,
-                             lambda src, dst: (SOURCE_LINK,))
+                             lambda src, dst: (SOURCE_LINK,), rule, speeds or Speeds())
     return division.modes[0]
 
 
@@ -115,8 +143,7 @@ def kv_bytes_per_token(config: object, dtype_bytes: int = 2) -> int:
 
 
 def migrator_for(mode: Mode) -> Migrator | None:
-    """The registered migrator of ``mode``; token replay when that mode has none (a move is never refused for
-    lack of a transport); None for a deferred move."""
+    """The registered migrator of ``mode``; None for a deferred move."""
     if mode == Mode.DEFER:
         return None
-    return MIGRATORS.get(mode, MIGRATORS[Mode.TOKEN])
+    return MIGRATORS[mode]

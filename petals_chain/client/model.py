@@ -107,11 +107,13 @@ class AutoDistributedModelForCausalLM:
         lease_timeout_s: float = defaults.LEASE_WAIT_S,
         lease_ttl_s: float = defaults.LEASE_TTL_S,
         client_label: str | None = None,
+        lease_options: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Load the client-side model. With ``orchestrator`` (its URL is all a client needs), the DHT's initial peers
         and prefix and, when no model is given, the model itself come from its ``GET /swarm``; the token defaults to the
-        client credential's environment variable, then the shared one the servers read (``PETALS_CHAIN_ORCH_TOKEN``)."""
+        client credential's environment variable, then the shared one the servers read (``PETALS_CHAIN_ORCH_TOKEN``).
+        ``lease_options``: more :class:`~petals_chain.client.lease.LeaseOptions` fields (how moves pick a mode)."""
         import petals
 
         if orchestrator is None:
@@ -120,7 +122,7 @@ class AutoDistributedModelForCausalLM:
             return petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
         if model_name_or_path is not None:
             model_name_or_path = _local_model(model_name_or_path)
-        options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label)
+        options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label, **(lease_options or {}))
         from petals_chain.orchestrator.auth import role_token
 
         orch = BlockingOrchestrator(orchestrator, token=role_token("client", orchestrator_token))

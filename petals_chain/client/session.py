@@ -13,8 +13,9 @@ stays token-identical. The old lease is never kept and the current one is releas
 petals notice a dead server within about a second (see patches/README.md).
 
 Migration: at a step boundary the session asks (a renew, at most every ``move_check_s``) whether the orchestrator
-offers a move; if so a :class:`~petals_chain.client.migration.Migrator` (token replay) builds its state on the new
-chain, the orchestrator is told, and only then are the old server sessions closed (docs/migration.md, "Protocol").
+offers a move; if so a :class:`~petals_chain.client.migration.Migrator` (KV transfer or token replay, as the adaptive
+division picks) builds its state on the new chain, the old server sessions are closed, and the orchestrator is told
+(mode and seconds taken) (docs/migration.md, "Protocol").
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class LeasedInferenceSession(InferenceSession):
         if target is None or target.lease_id in self._refused_moves:
             return
         mode = choose_mode(self._position, kv_bytes_per_token(self._sequence_manager.config), opts.move_link_bytes,
-                           opts.move_prefill_tokens)
+                           opts.move_prefill_tokens, opts.move_rule, opts.move_speeds)
         migrator = migrator_for(mode)
         if migrator is None:
             return  # deferred: the offer stands, the next boundary asks again
@@ -128,14 +129,15 @@ class LeasedInferenceSession(InferenceSession):
             log.warning("lease %s: could not move to chain %s; staying on chain %s: %s", old.lease_id,
                         target.chain_id, old.chain_id, exc)
             try:
-                orch.run(lambda c: c.migration_failed(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+                orch.run(lambda c: c.migration_failed(old.lease_id, rec.mode), timeout_s=defaults.CALL_TIMEOUT_S)
             except Exception as exc2:  # the reservation then expires with the lease, or goes when it ends
                 log.warning("telling the orchestrator that lease %s stays failed: %s", old.lease_id, exc2)
             return
         switch.commit()  # the old caches are freed before the orchestrator frees their slot (as at close)
         self._use_lease(target).stop()  # the orchestrator ends the old lease when told below
+        moved_s = time.monotonic() - rec.started_s
         try:
-            orch.run(lambda c: c.migrated(old.lease_id), timeout_s=defaults.CALL_TIMEOUT_S)
+            orch.run(lambda c: c.migrated(old.lease_id, rec.mode, moved_s), timeout_s=defaults.CALL_TIMEOUT_S)
         except Exception as exc:  # the old lease expired meanwhile (its reservation with it): as any expired lease
             rec.error = f"moved, but the orchestrator did not take the move: {exc}"[:500]
             log.warning("lease %s: the orchestrator did not take the move to %s: %s", old.lease_id, target.lease_id,

@@ -10,6 +10,8 @@ counted as used while any session holds its cache (during a move, both servers).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import tempfile
 import time
 from pathlib import Path
@@ -82,6 +84,12 @@ def _wait_idle(sw: SpeedSwarm, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _modes(reqs: list) -> str:
+    """How the requests' completed moves went, e.g. 'kv 5, token 1' (the adaptive division's picks)."""
+    counts = Counter(m for r in reqs for m in r.move_modes)
+    return ", ".join(f"{mode} {n}" for mode, n in sorted(counts.items())) or "none"
+
+
 def _summarize(runs: dict[str, list], stats: dict[str, dict], chains: list[dict], rate: float, mname: str, n: int,
                lengths: tuple[int, int], args: Any) -> Summary:
     """Server-seconds per policy, moves, the identity check; CSV + PNG."""
@@ -111,7 +119,7 @@ def _summarize(runs: dict[str, list], stats: dict[str, dict], chains: list[dict]
         f"replays of {span['worst-fit']:.1f} s and {span['mell']:.1f} s",
         f"moves: Mell {stats['mell']['completed']} completed ({stats['mell']['failed']} failed, "
         f"{stats['mell']['dropped']} dropped), worst fit {stats['worst-fit']['completed']}",
-        f"mean response: worst fit {resp['worst-fit']:.2f} s, Mell {resp['mell']:.2f} s (moves by token replay)",
+        f"mean response: worst fit {resp['worst-fit']:.2f} s, Mell {resp['mell']:.2f} s (moves: {_modes(mell)})",
         f"outputs identical under both packers: {identical}; errors: {len(errors)}",
     ]
     return Summary(NAME, "Consolidation by Mell on a live swarm: server-seconds against worst fit",

@@ -3,8 +3,9 @@ against the Theorem 3.7 lower bound for the chains as measured (docs/migration.m
 
 Two servers hold the whole model (SmolLM2-135M when prepared); one runs at a tenth of the speed, so the orchestrator
 composes a fast and a slow chain. One Poisson replay runs twice on the same swarm, first under plain JFFC, then
-with ``POST /migrations {"policy": "jffc"}``: a session on the slow chain moves (token replay) when a fast slot frees
-up and nobody waits. Every output must be the same in both runs (greedy decoding; the move is invisible).
+with ``POST /migrations {"policy": "jffc"}``: a session on the slow chain moves (by the faster mode: KV transfer
+for SmolLM2) when a fast slot frees up and nobody waits. Every output must be the same in both runs (greedy
+decoding; the move is invisible).
 """
 
 from __future__ import annotations

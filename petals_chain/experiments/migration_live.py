@@ -100,6 +100,7 @@ class Request:
     last_chain: str = ""
     moves: int = 0
     move_downtime_s: float = 0.0
+    move_modes: tuple[str, ...] = ()  # the mode of each completed move ("kv", "token")
     tokens: tuple[int, ...] = ()
     error: str = ""
     segments: tuple[tuple[str, float, float], ...] = ()  # (chain, from, to): where it ran, moves overlapping
@@ -178,6 +179,7 @@ def replay(model: Any, policy: str, arrivals: np.ndarray, prompts: list[list[int
             r.first_chain = done[0].from_chain if done else rec.chain_id
             r.last_chain, r.moves = rec.chain_id, len(done)
             r.move_downtime_s = float(sum(m.downtime_s for m in done))
+            r.move_modes = tuple(m.mode for m in done)
             r.segments = r.busy_segments(rec, t0)
         except Exception as exc:  # recorded in the table, never dropped
             r.error = f"{type(exc).__name__}: {exc}"[:300]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from petals_chain.mell.hybrid import Budgets, Mode, hybrid_divide, machine_path
+from petals_chain.mell.hybrid import RULES, Budgets, Mode, Speeds, hybrid_divide, machine_path
 from petals_chain.mell.workloads import Workload
 
 
@@ -32,6 +32,7 @@ class SimConfig:
     prefill_tokens_per_s: float = 8000.0
     transfer_limit_s: float = 2.0  # a KV transfer must end within this (the communication boundary)
     prefill_limit_s: float = 0.5  # migration prefill per epoch that does not disturb the batch
+    division_rule: str = "first"  # how hybrid_divide picks a move's mode (mell.hybrid.RULES)
 
     def __post_init__(self) -> None:
         for name in ("capacity_tokens", "kv_bytes_per_token", "tpot_s", "tokens_per_slot", "gpus_per_machine",
@@ -39,6 +40,8 @@ class SimConfig:
                      "prefill_limit_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SimConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if self.division_rule not in RULES:
+            raise ValueError(f"SimConfig.division_rule must be one of {RULES}, got {self.division_rule!r}")
 
     @property
     def slot_s(self) -> float:
@@ -152,7 +155,9 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
         max_op = max(max_op, max((o.moves for o in res.ops), default=0))
         if res.moves:
             bud = _slot_budgets(cfg, res.moves, path)
-            div = hybrid_divide(res.moves, cfg.kv_bytes_per_token, bud, path)
+            speeds = Speeds({lnk: _link_rate(cfg, lnk) for lnk in bud.link_bytes}, {},
+                            default_prefill_tokens_per_s=cfg.prefill_tokens_per_s)
+            div = hybrid_divide(res.moves, cfg.kv_bytes_per_token, bud, path, cfg.division_rule, speeds)
             for mv, mode in zip(res.moves, div.modes):
                 modes[mode.value] += 1
                 kv_s = mv.size_tokens * cfg.kv_bytes_per_token / link_bytes_per_s(cfg, mv.src, mv.dst)
@@ -169,9 +174,13 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
                      raw, preempt, completed, stall_s, modes, max_op, window)
 
 
+def _link_rate(cfg: SimConfig, link: str) -> float:
+    """Bytes per second of a link named by ``machine_path``."""
+    return cfg.intra_bytes_per_s if link.startswith("pcie") else cfg.inter_bytes_per_s
+
+
 def _slot_budgets(cfg: SimConfig, moves, path) -> Budgets:
     """This slot's boundaries: each link carries what it moves within the transfer limit; prefill per GPU."""
     links = {lnk for mv in moves for lnk in path(mv.src, mv.dst)}
-    per = {lnk: (cfg.intra_bytes_per_s if lnk.startswith("pcie") else cfg.inter_bytes_per_s) * cfg.transfer_limit_s
-           for lnk in links}
+    per = {lnk: _link_rate(cfg, lnk) * cfg.transfer_limit_s for lnk in links}
     return Budgets(per, {}, default_prefill_tokens=int(cfg.prefill_tokens_per_s * cfg.prefill_limit_s))

@@ -45,7 +45,12 @@ from petals_chain.orchestrator.auth import OPEN_ROUTES, SECRET_HEADER, Caller, C
 from petals_chain.orchestrator.bodies import BadRequestError
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.drain import DrainBody, drain_status
-from petals_chain.orchestrator.migration import MigratingLeaseManager, PolicyBody
+from petals_chain.orchestrator.migration import (
+    MigratedBody,
+    MigratingLeaseManager,
+    MigrationFailedBody,
+    PolicyBody,
+)
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
 from petals_chain.orchestrator.suspects import RateLimitedError
 from petals_chain.orchestrator.trust import Trust
@@ -340,14 +345,16 @@ async def _renew(request: web.Request) -> web.Response:
 async def _migrated(request: web.Request) -> web.Response:
     """POST /lease/{id}/migrated: the holder runs on the lease it was offered; the old one ends (404 if none)."""
     orch = request.app[ORCH_KEY]
-    lease = _moving(orch).complete(request.match_info["lease_id"])
+    body = await bodies.read(request, MigratedBody, required=False)
+    lease = _moving(orch).complete(request.match_info["lease_id"], body.mode, body.seconds)
     return _json(orch.lease_json(lease))
 
 
 async def _migration_failed(request: web.Request) -> web.Response:
     """POST /lease/{id}/migration-failed: the holder could not move; it keeps this lease, the reservation ends."""
     orch = request.app[ORCH_KEY]
-    lease = _moving(orch).fail(request.match_info["lease_id"])
+    body = await bodies.read(request, MigrationFailedBody, required=False)
+    lease = _moving(orch).fail(request.match_info["lease_id"], body.mode)
     return _json(orch.lease_json(lease))
 
 

@@ -218,13 +218,16 @@ class OrchestratorClient:
         """Give the slot back (the next waiting request gets it)."""
         return await self._call("POST", f"/lease/{lease_id}/release")
 
-    async def migrated(self, lease_id: str) -> LeaseInfo:
-        """The session of ``lease_id`` now runs on the lease it was offered: the old one ends."""
-        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migrated"))
+    async def migrated(self, lease_id: str, mode: str | None = None, seconds: float | None = None) -> LeaseInfo:
+        """The session of ``lease_id`` now runs on the lease it was offered: the old one ends. ``mode`` and
+        ``seconds`` (how long the move held the session) go to the orchestrator's metrics."""
+        body = {k: v for k, v in (("mode", mode), ("seconds", seconds)) if v is not None}
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migrated", body or None))
 
-    async def migration_failed(self, lease_id: str) -> LeaseInfo:
-        """The session of ``lease_id`` could not move: it keeps this lease, the reservation ends."""
-        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migration-failed"))
+    async def migration_failed(self, lease_id: str, mode: str | None = None) -> LeaseInfo:
+        """The session of ``lease_id`` could not move (in ``mode``): it keeps this lease, the reservation ends."""
+        body = {"mode": mode} if mode is not None else None
+        return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/migration-failed", body))
 
     async def report_failure(self, lease_id: str, server: str, *,
                              timeout_s: float = defaults.LEASE_WAIT_S) -> LeaseInfo:

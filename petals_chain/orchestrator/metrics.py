@@ -39,6 +39,7 @@ from prometheus_client.utils import floatToGoString
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.model import Composition
 from petals_chain.orchestrator.leases import TimeHistogram
+from petals_chain.orchestrator.migration import MOVE_MODES, REASONS, UNKNOWN_MODE, MigratingLeaseManager
 from petals_chain.orchestrator.registry import ServerRecord
 
 if TYPE_CHECKING:
@@ -78,11 +79,15 @@ def cache_slots_by_server(comp: Composition | None) -> dict[str, int]:
     return {s.name: n for s, n in zip(comp.servers, cache_slots(comp.servers, comp.model, comp.placement))}
 
 
-def _histogram(name: str, doc: str, hist: TimeHistogram) -> HistogramMetricFamily:
-    """A TimeHistogram (per-bucket counts) as a Prometheus histogram (cumulative buckets, ending with +Inf)."""
+def _buckets(hist: TimeHistogram) -> list[tuple[str, int]]:
+    """A TimeHistogram's per-bucket counts as Prometheus' cumulative buckets, ending with +Inf."""
     bounds = [floatToGoString(b) for b in hist.buckets_s] + ["+Inf"]
-    buckets = list(zip(bounds, itertools.accumulate(hist.counts)))
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=hist.sum_s, unit="seconds")
+    return list(zip(bounds, itertools.accumulate(hist.counts)))
+
+
+def _histogram(name: str, doc: str, hist: TimeHistogram) -> HistogramMetricFamily:
+    """A TimeHistogram as a Prometheus histogram."""
+    return HistogramMetricFamily(name, doc, buckets=_buckets(hist), sum_value=hist.sum_s, unit="seconds")
 
 
 class OrchestratorCollector(Collector):
@@ -97,6 +102,7 @@ class OrchestratorCollector(Collector):
         yield from self._counters()
         yield from self._servers()
         yield from self._chains()
+        yield from self._migrations()
 
     def _summary(self) -> Iterator[Metric]:
         """The one-glance gauges and the info metric."""
@@ -227,6 +233,42 @@ class OrchestratorCollector(Collector):
             service.add_metric(label, chain.service_time_s)
             offered.add_metric(label, 1 if id(chain) in busy else 0)
         yield from (capacity, occupancy, service, offered)
+
+
+    def _migrations(self) -> Iterator[Metric]:
+        """Moves of running sessions between chains (docs/migration.md): offered, committed, rolled back and dropped
+        by reason (and, once the holder says, by mode), the move times holders reported, and the slots reserved now.
+        Every reason and mode has its series from the start (zeros), so rates need no absent-series handling."""
+        leases = self._orch.leases
+        if not isinstance(leases, MigratingLeaseManager):
+            return
+        counts = leases.moves.by_label
+        modes = (*MOVE_MODES, UNKNOWN_MODE)
+        families = (
+            ("offered", "migrations_offered", "Moves decided and offered to the holder (a slot reserved).", False),
+            ("completed", "migrations_committed", "Moves the holder carried out (the old lease ended).", True),
+            ("failed", "migrations_rolled_back", "Moves that failed; the session stayed on its old chain.", True),
+            ("dropped", "migrations_dropped", "Moves given up because the session ended before it moved.", False),
+        )
+        for event, name, doc, by_mode in families:
+            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["reason", "mode"] if by_mode else ["reason"])
+            for reason in REASONS:
+                if by_mode:
+                    for mode in modes:
+                        family.add_metric([reason, mode], counts[(event, reason, mode)])
+                else:
+                    family.add_metric([reason], counts[(event, reason, "")])
+            yield family
+        hist = HistogramMetricFamily(f"{PREFIX}_migration_seconds",
+                                     "Time a move held its session, as the holder reported it, by mode.",
+                                     labels=["mode"], unit="seconds")
+        for mode in modes:
+            h = leases.moves.seconds.get(mode) or TimeHistogram()
+            hist.add_metric([mode], _buckets(h), h.sum_s)
+        yield hist
+        yield GaugeMetricFamily(f"{PREFIX}_migration_slots_reserved",
+                                "Slots reserved now for moves offered and not yet taken or given back.",
+                                value=leases.reserved())
 
 
 def new_metrics_registry(orch: Orchestrator) -> CollectorRegistry:

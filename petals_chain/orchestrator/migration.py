@@ -17,25 +17,43 @@ slot elsewhere, at the head of the queue when none is free).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from petals_chain.dispatch.rules import migration_source, speed_order
+from petals_chain.mell.hybrid import Mode
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.bodies import Body
+from petals_chain.orchestrator.bodies import Body, NonNegativeSeconds
 from petals_chain.orchestrator.chains import ChainInfo
-from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError, _Waiter
+from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter
 from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
+REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)
+MOVE_MODES = (Mode.KV.value, Mode.TOKEN.value)  # how the holder moved, as it reports it
+UNKNOWN_MODE = "unknown"  # a holder that did not say
 
 
 class PolicyBody(Body):
     """POST /migrations: the migration policy to use from now on."""
 
     policy: Literal["none", "jffc", "mell", "worst-fit"]
+
+
+class MigratedBody(Body):
+    """POST /lease/{id}/migrated: how the holder moved and how long the move held its session (both optional)."""
+
+    mode: Literal[MOVE_MODES] | None = None
+    seconds: NonNegativeSeconds | None = None
+
+
+class MigrationFailedBody(Body):
+    """POST /lease/{id}/migration-failed: the mode of the move that failed (optional)."""
+
+    mode: Literal[MOVE_MODES] | None = None
 
 
 class NoMoveError(UnknownLeaseError):
@@ -47,19 +65,31 @@ class PendingMove:
     """Lease ``source`` is to move: to the reserved lease ``target`` (None while it waits for a slot)."""
 
     source: str
-    reason: str  # "jffc" or "drain"
+    reason: str  # one of REASONS
     target: str | None = None
     waiter_job: int | None = None
 
 
 @dataclass
 class MigrationCounters:
-    """Monotone counts of moves, exported with the lease counters."""
+    """Monotone counts of moves, in total and by (event, reason, mode) for /metrics, and the move times the holders
+    reported, by mode."""
 
     offered: int = 0  # a target slot was reserved and offered to the holder
     completed: int = 0
-    failed: int = 0  # the holder could not move; it stays where it was
+    failed: int = 0  # the holder could not move; it stays where it was (its switch rolled back)
     dropped: int = 0  # the source ended (finished, expired) before it moved
+    by_label: Counter = field(default_factory=Counter)  # (event, reason, mode) -> count; mode "" where none applies
+    seconds: dict[str, TimeHistogram] = field(default_factory=dict)  # mode -> reported move times
+
+    def count(self, event: str, reason: str, mode: str = "") -> None:
+        """One ``event`` (offered, completed, failed, dropped) of a move decided for ``reason``."""
+        setattr(self, event, getattr(self, event) + 1)
+        self.by_label[(event, reason, mode)] += 1
+
+    def observe(self, mode: str, seconds: float) -> None:
+        """A move time a holder reported."""
+        self.seconds.setdefault(mode, TimeHistogram()).observe(seconds)
 
 
 class MigratingLeaseManager(LeaseManager):
@@ -104,8 +134,9 @@ class MigratingLeaseManager(LeaseManager):
             target.ttl_s, target.expires_s = lease.ttl_s, lease.expires_s
         return lease
 
-    def complete(self, lease_id: str) -> Lease:
-        """The holder of ``lease_id`` now runs on the reserved lease: end the old one (its slot is freed now)."""
+    def complete(self, lease_id: str, mode: str | None = None, seconds: float | None = None) -> Lease:
+        """The holder of ``lease_id`` now runs on the reserved lease: end the old one (its slot is freed now).
+        ``mode`` and ``seconds``: how it moved and how long that held its session, as it reports them."""
         source = self.get(lease_id)
         move = self._moves.get(lease_id)
         if move is None or move.target is None:
@@ -113,7 +144,9 @@ class MigratingLeaseManager(LeaseManager):
         del self._moves[lease_id]
         self._target_of.pop(move.target, None)
         target = self._leases[move.target]
-        self.moves.completed += 1
+        self.moves.count("completed", move.reason, mode or UNKNOWN_MODE)
+        if seconds is not None:
+            self.moves.observe(mode or UNKNOWN_MODE, seconds)
         self.counters.released += 1
         if self.packing:  # the packer already has the job at the target: the old lease just goes
             self._leases.pop(source.lease_id, None)
@@ -124,13 +157,14 @@ class MigratingLeaseManager(LeaseManager):
             self._end(source, record=True)
         return target
 
-    def fail(self, lease_id: str) -> Lease:
-        """The holder of ``lease_id`` could not move: drop the reservation; the lease stays and is not picked again."""
+    def fail(self, lease_id: str, mode: str | None = None) -> Lease:
+        """The holder of ``lease_id`` could not move (in ``mode``): drop the reservation; the lease stays and is not
+        picked again."""
         source = self.get(lease_id)
         move = self._moves.get(lease_id)
         if move is None:
             raise NoMoveError(f"lease {lease_id!r} has no move pending")
-        self.moves.failed += 1
+        self.moves.count("failed", move.reason, mode or UNKNOWN_MODE)
         self._stay.add(lease_id)
         if self.packing and move.target is not None:  # the packer books the job back where it runs
             self._moves.pop(lease_id, None)
@@ -197,7 +231,7 @@ class MigratingLeaseManager(LeaseManager):
         source = self._leases.get(move.source)
         if source is not None:
             target.ttl_s, target.expires_s = source.ttl_s, source.expires_s
-        self.moves.offered += 1
+        self.moves.count("offered", move.reason)
 
     def _drop(self, move: PendingMove) -> None:
         """Forget a move: give back its reservation, or leave the queue if it still waits."""
@@ -230,7 +264,7 @@ class MigratingLeaseManager(LeaseManager):
         k, epoch = lease.chain_index, lease.epoch
         super()._end(lease, record=record)
         if move is not None:
-            self.moves.dropped += 1
+            self.moves.count("dropped", move.reason)
             self._drop(move)
             if self.packing and k is not None and epoch == self._epoch:
                 self._start_all(self._policy.unhold(k), self.clock())
@@ -317,7 +351,7 @@ class MigratingLeaseManager(LeaseManager):
             self._target_of.pop(old.target, None)
             gone = self._leases.pop(old.target, None)
             if gone is not None:
-                self.moves.dropped += 1
+                self.moves.count("dropped", old.reason)
         if source.chain_index == chain or self._policy.room(chain) < 0:
             # back where it runs, or its target's cache is still held by a session moving away: it stays
             if source.chain_index is not None:
@@ -332,9 +366,13 @@ class MigratingLeaseManager(LeaseManager):
                        expires_s=source.expires_s, ttl_s=source.ttl_s, waited_s=0.0, client=source.client)
         self._leases[target.lease_id] = target
         self.counters.granted += 1
-        move = PendingMove(source.lease_id, self.migration)
+        move = PendingMove(source.lease_id, "consolidate")
         self._moves[source.lease_id] = move
         self._reserved(move, target)
+
+    def reserved(self) -> int:
+        """Slots held now by reservations for moves (offered, not yet taken or given back)."""
+        return len(self._target_of)
 
     def migration_json(self) -> dict[str, Any]:
         """Counts and the moves pending now, for GET /migrations."""
@@ -344,6 +382,7 @@ class MigratingLeaseManager(LeaseManager):
             "completed": self.moves.completed,
             "failed": self.moves.failed,
             "dropped": self.moves.dropped,
+            "reserved": self.reserved(),
             "pending": [{"lease_id": m.source, "reason": m.reason, "target": m.target} for m in self._moves.values()],
         }
 

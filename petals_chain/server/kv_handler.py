@@ -8,9 +8,10 @@ one rpc) remembers, per session id, its blocks, cache handles and the number of 
 * ``rpc_kv_export`` streams the cache of some of a session's blocks (keys and values up to its position) to
   whoever names the session id and position;
 * a session opened with ``kv_import`` in its first request's metadata pulls those caches from the old servers
-  (one source per run of blocks, so a new span may take blocks from several old ones), writes them into its
-  own cache at the same place, and answers that request with an empty step of ``position`` tokens, which
-  moves petals' own prefix length to ``position`` without computing anything.
+  (one source per run of blocks, so a new span may take blocks from several old ones; an old session on this
+  same server is read here, without the network), writes them into its own cache at the same place, and answers
+  that request with an empty step of ``position`` tokens, which moves petals' own prefix length to ``position``
+  without computing anything.
 
 Reads and writes of the cache run in the runtime thread as tasks of the server's merged inference pool, so
 they are ordered with the inference steps. ``install_kv_transfer`` makes petals' server build this handler.
@@ -196,6 +197,14 @@ class KvTransferHandler(TransformerConnectionHandler):
             raise KvTransferError(f"session {session_id!r} holds blocks {sorted(by_block)}, not {start}:{end}")
         return live, [by_block[b] for b in range(start, end)]
 
+    async def _export(self, sid: str, start: int, end: int, position: int) -> list[torch.Tensor]:
+        """Copies of the keys and values of blocks start:end of a live session here, at ``position``."""
+        live, handles = await self._session_blocks(sid, start, end, position)
+        op = KvCacheOp("export", tuple(handles), position)
+        tensors = await self._pool.submit_task(torch.zeros(1), op, priority=0.0)
+        live.exported.add((start, end))
+        return list(tensors)
+
     async def rpc_kv_export(self, request: runtime_pb2.ExpertRequest,
                             context: P2PContext) -> AsyncIterator[runtime_pb2.ExpertResponse]:
         """Stream the cache of blocks start:end of session ``session_id`` at ``position``: per block its keys
@@ -204,11 +213,8 @@ class KvTransferHandler(TransformerConnectionHandler):
         sid, start, end, position = (meta.get(k) for k in ("session_id", "start", "end", "position"))
         if not (isinstance(sid, str) and all(isinstance(v, int) for v in (start, end, position)) and position > 0):
             raise KvTransferError(f"rpc_kv_export needs session_id, start, end and position > 0, got {meta}")
-        live, handles = await self._session_blocks(sid, start, end, position)
+        tensors = await self._export(sid, start, end, position)
         self._log_request("rpc_kv_export", None, context, debug=f"session {sid} blocks {start}:{end} @ {position}")
-        op = KvCacheOp("export", tuple(handles), position)
-        tensors = await self._pool.submit_task(torch.zeros(1), op, priority=0.0)
-        live.exported.add((start, end))
         for tensor in tensors:
             serialized = serialize_torch_tensor(tensor, runtime_pb2.CompressionType.NONE, allow_inplace=True)
             for part in split_for_streaming(serialized, DEFAULT_MAX_MSG_SIZE):
@@ -219,6 +225,8 @@ class KvTransferHandler(TransformerConnectionHandler):
     async def _fetch(self, source: Sequence[Any], position: int) -> list[torch.Tensor]:
         """The cache tensors of one source [peer_id, session_id, start, end] from its server."""
         peer, sid, start, end = source
+        if PeerID.from_base58(peer) == self._p2p.peer_id:  # the old session runs here too (chains sharing a server)
+            return await self._export(sid, int(start), int(end), position)
         stub = type(self).get_stub(self._p2p, PeerID.from_base58(peer))
         meta = dict(session_id=sid, start=int(start), end=int(end), position=position)
         stream = await stub.rpc_kv_export(runtime_pb2.ExpertRequest(metadata=MSGPackSerializer.dumps(meta)))

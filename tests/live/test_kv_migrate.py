@@ -170,3 +170,26 @@ def test_leased_session_moves_to_the_other_chain_and_holds_its_lease(kv_swarm: L
         assert _wait_for(lambda: test_swarm._full_capacity(kv_swarm), 10, "every slot free again")
     finally:
         model.orchestrator.close()
+
+
+def test_kv_transfer_onto_a_chain_sharing_the_servers_reads_the_cache_in_place(kv_swarm: LocalSwarm, plain_client,
+                                                                              reference) -> None:
+    """s2[0:2] + s3[2:4] → s2 + s3 again by KV transfer (a move between chains that share servers): each new
+    session takes its cache from the old session on its own server; tokens unchanged, old caches freed."""
+    from petals_chain.client.kv_migrate import cache_tokens_left, migrate, open_route
+
+    hops = _hops(kv_swarm)
+    chain_b = [hops["first"], hops["second"]]
+    with plain_client.inference_session(max_length=64) as sess:
+        open_route(sess, chain_b)
+        tokens = _generate(plain_client, sess, PROMPT, STEP_TOKENS)
+        held = {n: cache_tokens_left(sess, hops[n].peer_id) for n in ("first", "second")}  # one session's cache
+        old_ids = [s.session_id for s in sess._server_sessions]
+        rec = migrate(sess, chain_b, "kv")
+        assert rec.position == len(PROMPT) + STEP_TOKENS - 1 and rec.new == rec.old
+        assert all(s.session_id not in old_ids for s in sess._server_sessions)  # new server sessions
+        for n in ("first", "second"):  # one session's cache each again, not two: the old one was freed
+            _wait_for(lambda n=n: cache_tokens_left(sess, hops[n].peer_id) == held[n], 10,
+                      f"{n}'s old cache to be freed", period_s=0.01)
+        tokens += _generate(plain_client, sess, None, STEP_TOKENS)
+    assert tokens == reference(PROMPT, 2 * STEP_TOKENS)

@@ -2,14 +2,20 @@
 its output stays local greedy decoding's, token for token.
 
 One swarm of the tiny random LLaMA (tests/live/test_swarm.py's checkpoint and servers: s1 holds every block, s2 and
-s3 two each; c = 1, so two chains of one slot) under an orchestrator with ``--migration jffc``. In order:
+s3 two each; c = 1, so two chains of one slot) under an orchestrator with ``--migration jffc``. One client whose
+moves go by token replay (its link budget is 0), one with the default division (the faster mode: KV transfer here).
+In order:
 
 1. JFFC with migration: the fast chain is held by a bare lease, a session generates on the slow one; the lease is
    released, the orchestrator reserves the fast slot for the session, which moves there by token replay.
 2. A move that fails midway (the fast chain's server is frozen when the session replays onto it) leaves the session
    on its old chain, correct; the orchestrator is told and drops the reservation.
-3. Drain by SIGTERM: a session generates on the two-hop chain, its last server gets SIGTERM, the session moves to
-   s1, the server leaves and is recorded as drained; no recomposition happens before the move.
+3. The same JFFC move by KV transfer: the old chain's servers' caches are free while the session still runs on the
+   new chain, and /metrics counts it (committed, jffc, kv) with the time the client reported.
+4. A KV transfer onto a frozen server fails and rolls back: the session finishes on its old chain, correct; /metrics
+   counts it rolled back (jffc, kv).
+5. Drain by SIGTERM: a session generates on the two-hop chain, its last server gets SIGTERM, the session moves to
+   s1 by KV transfer, the server leaves and is recorded as drained; no recomposition happens before the move.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -58,15 +66,39 @@ def mswarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         assert sw.stop() == []
 
 
-@pytest.fixture(scope="module")
-def mclient(mswarm: LocalSwarm, tiny_dir: Path):
-    """The leasing PETALS client."""
+def _client(sw: LocalSwarm, tiny_dir: Path, **lease_options):
+    """A leasing PETALS client."""
     from petals_chain import AutoDistributedModelForCausalLM
 
-    model = AutoDistributedModelForCausalLM.from_pretrained(str(tiny_dir), orchestrator=mswarm.url,
-                                                           lease_timeout_s=120.0, lease_ttl_s=20.0)
+    return AutoDistributedModelForCausalLM.from_pretrained(str(tiny_dir), orchestrator=sw.url, lease_timeout_s=120.0,
+                                                          lease_ttl_s=20.0, lease_options=lease_options)
+
+
+@pytest.fixture(scope="module")
+def mclient(mswarm: LocalSwarm, tiny_dir: Path):
+    """The leasing PETALS client whose moves go by token replay (no link budget for KV transfer)."""
+    model = _client(mswarm, tiny_dir, move_link_bytes=0.0)
     yield model
     model.orchestrator.close()
+
+
+@pytest.fixture(scope="module")
+def kvclient(mswarm: LocalSwarm, tiny_dir: Path):
+    """The leasing PETALS client with the default division: the faster mode, KV transfer for this model."""
+    model = _client(mswarm, tiny_dir)
+    yield model
+    model.orchestrator.close()
+
+
+def _metric(sw: LocalSwarm, sample: str, **labels: str) -> float:
+    """One sample of the orchestrator's GET /metrics (0 when absent), by prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(sw.url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == sample and s.labels == labels]
+    return found[0] if found else 0.0
 
 
 def _fast_and_slow(sw: LocalSwarm) -> tuple[dict, dict]:
@@ -84,8 +116,12 @@ def _servers(chain: dict) -> tuple[str, ...]:
 class _Generation:
     """One leased session generating NEW_TOKENS greedily in a thread; ``session`` once it has a lease."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, hold: threading.Event | None = None, prompt: list[int] = PROMPT,
+                 new_tokens: int = NEW_TOKENS, max_length: int = MAX_LENGTH) -> None:
         self.model = model
+        self.hold = hold  # when given: the session stays open after generating until it is set
+        self.prompt, self.new_tokens, self.max_length = prompt, new_tokens, max_length
+        self.closed_s: float | None = None
         self.session = None
         self.tokens: list[int] | None = None
         self.record = None
@@ -96,24 +132,29 @@ class _Generation:
     def _run(self) -> None:
         """The generation; its exception, if any, is kept."""
         try:
-            with self.model.inference_session(max_length=MAX_LENGTH) as s:
+            with self.model.inference_session(max_length=self.max_length) as s:
                 self.session = s
-                out = self.model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                          session=s)
+                out = self.model.generate(torch.tensor([self.prompt]), max_new_tokens=self.new_tokens,
+                                          do_sample=False, session=s)
                 self.tokens = out[0].tolist()
+                if self.hold is not None:
+                    self.hold.wait(180)
+                self.closed_s = time.monotonic()
             self.record = s.record
         except BaseException as exc:
             self.error = exc
 
     def wait_generating(self, tokens: int = 4) -> None:
         """Until the session stepped a few tokens (it holds its lease and server sessions)."""
-        _wait_for(lambda: self.session is not None and self.session.position >= len(PROMPT) + tokens, 120,
+        _wait_for(lambda: self.error is not None or (self.session is not None
+                                                     and self.session.position >= len(self.prompt) + tokens), 300,
                   "the session to be generating", period_s=0.005)
-        assert self.session.position < len(PROMPT) + NEW_TOKENS, "generation ended before the test acted"
+        assert self.error is None, self.error
+        assert self.session.position < len(self.prompt) + self.new_tokens, "generation ended before the test acted"
 
-    def join(self) -> None:
+    def join(self, timeout_s: float = 180.0) -> None:
         """Wait for the end; re-raise its error."""
-        self.thread.join(180)
+        self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "generation did not end"
         if self.error is not None:
             raise self.error
@@ -184,12 +225,86 @@ def test_a_move_onto_a_frozen_chain_fails_and_the_session_stays_correct(mswarm: 
     _wait_for(lambda: _idle(mswarm), 60, "every slot free again")
 
 
-def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, reference) -> None:
+def test_a_jffc_move_by_kv_transfer_frees_the_old_cache_and_is_counted(mswarm: LocalSwarm, kvclient,
+                                                                       reference) -> None:
+    """As the first test with the default division (KV transfer for this model): the session moves by KV transfer,
+    its old chain's servers report their cache free again within a second while the session is still open on the
+    new chain, the tokens are local greedy decoding's, and /metrics counts one committed (jffc, kv) move with the
+    time the client reported and no slot left reserved."""
+    from petals_chain.client.kv_migrate import cache_tokens_left
+
+    fast, slow = _fast_and_slow(mswarm)
+    peers = {r["name"]: r["peer_id"] for r in mswarm.get("/servers")["servers"]}
+    manager = kvclient.transformer.h.sequence_manager
+    full = {n: cache_tokens_left(manager, peers[n]) for n in _servers(slow)}
+    committed = _metric(mswarm, "petals_chain_migrations_committed_total", reason="jffc", mode="kv")
+    timed = _metric(mswarm, "petals_chain_migration_seconds_count", mode="kv")
+    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    assert holder["chain_id"] == fast["chain_id"]
+    hold = threading.Event()
+    gen = _Generation(kvclient, hold)
+    try:
+        gen.wait_generating()
+        assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
+        assert any(cache_tokens_left(manager, peers[n]) < full[n] for n in _servers(slow))  # its cache is there
+        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        moves = gen.session.record.migrations
+        _wait_for(lambda: gen.error is not None or (moves and moves[0].done_s is not None), 120, "the KV move")
+        assert gen.error is None, gen.error
+        _wait_for(lambda: all(cache_tokens_left(manager, peers[n]) == full[n] for n in _servers(slow)), 10,
+                  "the old chain's caches to be free", period_s=0.01)
+        freed_s = time.monotonic() - moves[0].done_s
+        assert gen.closed_s is None  # freed by the move: the session is still open on the new chain
+    finally:
+        hold.set()
+    gen.join()
+    assert gen.tokens == reference(PROMPT, NEW_TOKENS)
+    moves = gen.record.migrations
+    assert len(moves) == 1 and moves[0].error is None and moves[0].mode == "kv", moves
+    assert (moves[0].from_chain, moves[0].to_chain) == (slow["chain_id"], fast["chain_id"])
+    assert freed_s < 1.0
+    assert _metric(mswarm, "petals_chain_migrations_committed_total", reason="jffc", mode="kv") == committed + 1
+    assert _metric(mswarm, "petals_chain_migration_seconds_count", mode="kv") == timed + 1
+    assert _metric(mswarm, "petals_chain_migration_slots_reserved") == 0
+    _wait_for(lambda: _idle(mswarm), 30, "every slot free again")
+    print(f"\n[migration kv] moved {moves[0].tokens} tokens {slow['chain_id']} -> {fast['chain_id']} in "
+          f"{moves[0].downtime_s:.3f} s; old caches free {freed_s * 1000:.0f} ms after the move")
+
+
+def test_a_kv_transfer_onto_a_frozen_server_rolls_back(mswarm: LocalSwarm, kvclient, reference) -> None:
+    """The fast chain's server is frozen when the session is offered a move there by KV transfer: the import fails,
+    the switch rolls back, the session finishes on its old chain with greedy decoding's tokens, and /metrics counts
+    one rolled-back (jffc, kv) move; the server is thawed and serves again."""
+    fast, slow = _fast_and_slow(mswarm)
+    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    assert holder["chain_id"] == fast["chain_id"]
+    victim = next(p for p in mswarm.procs if p.name == _servers(fast)[0])
+    rolled = _metric(mswarm, "petals_chain_migrations_rolled_back_total", reason="jffc", mode="kv")
+    before = mswarm.get("/migrations")
+    gen = _Generation(kvclient)
+    try:
+        gen.wait_generating()
+        os.killpg(victim.pgid, signal.SIGSTOP)
+        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        _wait_for(lambda: mswarm.get("/migrations")["failed"] > before["failed"] or gen.tokens is not None, 120,
+                  "the failed move to be reported")
+    finally:
+        os.killpg(victim.pgid, signal.SIGCONT)
+    gen.join()
+    assert gen.tokens == reference(PROMPT, NEW_TOKENS)
+    moves = gen.record.migrations
+    assert len(moves) == 1 and moves[0].mode == "kv" and moves[0].error is not None and moves[0].done_s is None
+    assert gen.record.chain_id == slow["chain_id"]
+    assert _metric(mswarm, "petals_chain_migrations_rolled_back_total", reason="jffc", mode="kv") == rolled + 1
+    _wait_for(lambda: _idle(mswarm), 60, "every slot free again")
+
+
+def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, kvclient, reference) -> None:
     """SIGTERM on the two-hop chain's last server while a session generates through it (the fast chain held by a bare
     lease, migration policy off): the drain queues the session for a slot elsewhere, the held lease is released, the
-    session moves to the fast chain (a lease granted under the composition it started on: no recomposition before
-    the move), the server ends on its own once it is off, recorded as drained, and only then is the swarm
-    recomposed without it."""
+    session moves to the fast chain by KV transfer (a lease granted under the composition it started on: no
+    recomposition before the move), the server ends on its own once it is off, recorded as drained, and only then is
+    the swarm recomposed without it; /metrics counts a committed (drain, kv) move."""
     mswarm.wait_ready([p.name for p in test_swarm.SERVERS], timeout_s=120)
     _wait_for(lambda: len(_chains(mswarm)) == 2, 60, "both chains offered again")
     assert http_json(mswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
@@ -198,7 +313,8 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in mswarm.procs if p.name == _servers(slow)[-1])
-    gen = _Generation(mclient)
+    committed = _metric(mswarm, "petals_chain_migrations_committed_total", reason="drain", mode="kv")
+    gen = _Generation(kvclient)
     try:
         gen.wait_generating()
         assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
@@ -215,6 +331,8 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, mclient, r
     assert gen.tokens == reference(PROMPT, NEW_TOKENS)
     moves = gen.record.migrations
     assert len(moves) == 1 and moves[0].error is None and moves[0].to_chain == fast["chain_id"], moves
+    assert moves[0].mode == "kv"
+    assert _metric(mswarm, "petals_chain_migrations_committed_total", reason="drain", mode="kv") == committed + 1
     assert gen.record.version == version  # the lease it moved to predates any recomposition
     assert f"drained {victim.name}: " in victim.log_path.read_text(errors="replace"), victim.log_tail()
     rec = next(r for r in mswarm.get("/servers")["servers"] if r["name"] == victim.name)

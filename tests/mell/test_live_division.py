@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 from petals_chain.bench import mell as bench_mell
 from petals_chain.bench.mell_live import DowntimeRow, division_check, kv_bytes_per_token
 
@@ -61,3 +64,26 @@ def test_live_bench_rejects_bad_lengths(capsys) -> None:
                  ["--live-only", "--lengths", "abc"], ["--live", "--cap-mbit", "-1"]):
         assert bench_mell.run(argv) == 2
         assert capsys.readouterr().out.startswith("error: --lengths")
+    assert bench_mell.run(["--division-only", "-3"]) == 2
+    assert capsys.readouterr().out.startswith("error: --division-only")
+
+
+def test_the_fastest_rule_picks_the_faster_mode_in_every_measured_case() -> None:
+    """The measured downtime table (results/mell_downtime.csv: KV transfer vs token replay of 128-2048 tokens, on
+    loopback and under a 10 Mbit/s tbf cap): with each link's speeds profiled from its shortest and longest session
+    and budgets both modes fit in, rule 'fastest' picks the mode that was faster in all 8 cases (first fit: 7, best
+    fit: 1); within the simulator's epoch limits it never picks a mode that does not fit."""
+    path = Path(__file__).resolve().parents[2] / "results" / "mell_downtime.csv"
+    rows = [DowntimeRow(r["link"], int(r["tokens"]), int(r["position"]), r["mode"], r["direction"],
+                        float(r["migrate_s"]), float(r["gap_s"]), float(r["normal_gap_s"]), float(r["downtime_s"]),
+                        float(r["freed_s"]), int(r["kv_bytes"])) for r in csv.DictReader(path.open())]
+    checks = division_check(rows)
+    assert len(checks) == 8 and {c["faster"] for c in checks} == {"kv", "token"}
+    for c in checks:
+        print(f"{c['link']:>14} {c['tokens']:>5}: KV {c['kv_downtime_s']:7.2f} s (est. {c['kv_estimate_s']:7.2f}), "
+              f"replay {c['replay_downtime_s']:7.2f} s (est. {c['replay_estimate_s']:7.2f}); faster {c['faster']:>5}, "
+              f"fastest {c['fastest_both']:>5}, first {c['first_fit_both']:>5}, best {c['best_fit_both']:>5}")
+    assert all(c["fastest_both"] == c["faster"] for c in checks)
+    assert sum(c["first_fit_both"] == c["faster"] for c in checks) == 7
+    assert sum(c["best_fit_both"] == c["faster"] for c in checks) == 1
+    assert all(c["fastest"] in (c["faster"], "defer") for c in checks)

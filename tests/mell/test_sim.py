@@ -71,9 +71,30 @@ def test_serving_with_migration_holds_at_least_as_many(results):
     assert b.mean_running > a.mean_running and b.migrations > 0 and a.migrations == 0
 
 
+def test_the_fastest_division_stalls_less_on_the_same_arrivals():
+    """100 KB per token over a 10 Gbit/s link (80 µs per token) against 8,000 tokens/s of re-prefill (125 µs): KV
+    transfer is faster, so 'fastest' sends every move that fits by KV as first fit does; with a 1 Gbit/s link
+    (800 µs) it replays instead and the moves stall the requests less."""
+    import dataclasses
+
+    wl = _workload()
+    fast_link = {rule: simulate(MellScheduler(C), wl, dataclasses.replace(_cfg(), division_rule=rule))
+                 for rule in ("first", "fastest")}
+    assert fast_link["first"].modes == fast_link["fastest"].modes
+    assert fast_link["first"].stall_s == pytest.approx(fast_link["fastest"].stall_s)
+    slow = dataclasses.replace(_cfg(), inter_bytes_per_s=1.25e8, intra_bytes_per_s=1.25e8)
+    slow_link = {rule: simulate(MellScheduler(C), wl, dataclasses.replace(slow, division_rule=rule))
+                 for rule in ("first", "fastest")}
+    assert slow_link["first"].modes["token"] < slow_link["fastest"].modes["token"]
+    assert slow_link["fastest"].stall_s < slow_link["first"].stall_s
+    assert all(r.completed == wl.n for r in slow_link.values())
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="tpot_s"):
         SimConfig(C, 1, tpot_s=0)
+    with pytest.raises(ValueError, match="division_rule"):
+        SimConfig(C, 1, division_rule="slowest")
     with pytest.raises(ValueError, match="capacity"):
         simulate(MellScheduler(C + 1), _workload(n=5), _cfg())
     with pytest.raises(ValueError, match="n_gpus"):

@@ -227,3 +227,46 @@ def test_the_orchestrator_cli_builds_the_migration_policy_and_refuses_an_unknown
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--migration" in err
+
+
+def test_migration_metrics_count_moves_by_reason_and_mode_and_the_reported_times() -> None:
+    """/metrics after a drain with two sessions: offered{drain} 2 and two slots reserved while they move; one holder
+    moves by KV transfer in 0.3 s, the other fails a token replay: committed{drain,kv} 1, rolled_back{drain,token} 1,
+    the time in migration_seconds{mode=kv}, no slot reserved any more. A bad mode or seconds is a 400 naming it."""
+    from tests.orchestrator.test_metrics import P, scrape, value
+
+    async def body() -> None:
+        orch = make_orchestrator(lease_manager=functools.partial(MigratingLeaseManager, migration="none"))
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            on_a = [await oc.lease(timeout_s=5) for _ in range(2)]
+            fam, _ = await scrape(url)
+            assert value(fam, P + "migrations_offered", P + "migrations_offered_total", reason="drain") == 0
+            await oc.drain("a")
+            assert all([(await oc.renew(x.lease_id)).migrate_to is not None for x in on_a])
+            fam, _ = await scrape(url)
+            assert value(fam, P + "migrations_offered", P + "migrations_offered_total", reason="drain") == 2
+            assert value(fam, P + "migration_slots_reserved") == 2
+            for bad in ({"mode": "teleport"}, {"seconds": -1.0}, {"seconds": "fast"}):
+                with pytest.raises(OrchestratorError) as err:
+                    await oc._call("POST", f"/lease/{on_a[0].lease_id}/migrated", bad)
+                assert err.value.status == 400 and next(iter(bad)) in err.value.message
+            await oc.migrated(on_a[0].lease_id, "kv", 0.3)
+            await oc.migration_failed(on_a[1].lease_id, "token")
+            fam, _ = await scrape(url)
+            committed = P + "migrations_committed"
+            rolled = P + "migrations_rolled_back"
+            assert value(fam, committed, committed + "_total", reason="drain", mode="kv") == 1
+            assert value(fam, committed, committed + "_total", reason="drain", mode="token") == 0
+            assert value(fam, committed, committed + "_total", reason="jffc", mode="kv") == 0
+            assert value(fam, rolled, rolled + "_total", reason="drain", mode="token") == 1
+            seconds = P + "migration_seconds"
+            assert value(fam, seconds, seconds + "_count", mode="kv") == 1
+            assert value(fam, seconds, seconds + "_sum", mode="kv") == pytest.approx(0.3)
+            assert value(fam, seconds, seconds + "_bucket", mode="kv", le="0.25") == 0
+            assert value(fam, seconds, seconds + "_bucket", mode="kv", le="0.5") == 1
+            assert value(fam, seconds, seconds + "_count", mode="token") == 0
+            assert value(fam, P + "migration_slots_reserved") == 0
+            moves = await oc._call("GET", "/migrations")
+            assert (moves["offered"], moves["completed"], moves["failed"], moves["reserved"]) == (2, 1, 1, 0)
+
+    run(body())
