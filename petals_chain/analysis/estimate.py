@@ -54,8 +54,9 @@ def _unit_workload(n_jobs: int, seed: int):
     return poisson_workload(1.0, n_jobs, np.random.default_rng(seed))
 
 
-def _simulated(rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rate: float, n_jobs: int,
-               seed: int) -> float:
+def _simulated(
+    rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rate: float, n_jobs: int, seed: int
+) -> float:
     """Mean of waiting + 1/μ_k over the jobs after warm-up of one seeded JFFC run at λ."""
     from petals_chain.sim.engine import simulate
     from petals_chain.sim.workloads import Workload
@@ -68,8 +69,9 @@ def _simulated(rates: tuple[float, ...], capacities: tuple[int, ...], arrival_ra
 
 
 @lru_cache(maxsize=8192)
-def _estimate(rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rate: float, n_jobs: int,
-              seed: int) -> MeanEstimate:
+def _estimate(
+    rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rate: float, n_jobs: int, seed: int
+) -> MeanEstimate:
     """jffc_mean_estimate on lumped, validated, hashable arguments."""
     if arrival_rate >= float(np.dot(rates, capacities)):
         return MeanEstimate(math.inf, "unstable")
@@ -80,8 +82,14 @@ def _estimate(rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rat
     return MeanEstimate(_simulated(rates, capacities, arrival_rate, n_jobs, seed), "simulation")
 
 
-def jffc_mean_estimate(rates: Sequence[float], capacities: Sequence[int], arrival_rate: float, *,
-                       n_jobs: int = defaults.ESTIMATE_JOBS, seed: int = defaults.ESTIMATE_SEED) -> MeanEstimate:
+def jffc_mean_estimate(
+    rates: Sequence[float],
+    capacities: Sequence[int],
+    arrival_rate: float,
+    *,
+    n_jobs: int = defaults.ESTIMATE_JOBS,
+    seed: int = defaults.ESTIMATE_SEED,
+) -> MeanEstimate:
     """JFFC mean response time of chains with rates μ_k and capacities c_k at Poisson rate λ (``inf`` if unstable).
 
     Exact for at most two distinct rates; otherwise one seeded simulation of ``n_jobs`` arrivals (same arrivals

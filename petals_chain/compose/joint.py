@@ -85,8 +85,16 @@ _REL_TIE = 1e-9  # bounds or estimates this close are equal
 CRITERIA = ("lower", "upper")
 
 
-def _candidates(chains: Sequence[Chain], whole: Sequence[Chain], arrival_rate: float, c: int, rank: int,
-                variant: str, placement: Placement, gbp_chains: int) -> Iterator[_Candidate]:
+def _candidates(
+    chains: Sequence[Chain],
+    whole: Sequence[Chain],
+    arrival_rate: float,
+    c: int,
+    rank: int,
+    variant: str,
+    placement: Placement,
+    gbp_chains: int,
+) -> Iterator[_Candidate]:
     """Every stable candidate of k GCA chains (a prefix) plus e whole-model chains on servers they leave idle."""
     for k in range(1, len(chains) + 1):
         used = {j for ch in chains[:k] for j in ch.servers}
@@ -100,8 +108,7 @@ def _candidates(chains: Sequence[Chain], whole: Sequence[Chain], arrival_rate: f
 
 def _estimate(cand: _Candidate, arrival_rate: float):
     """The candidate's estimated JFFC mean (analysis/estimate.py)."""
-    return jffc_mean_estimate([ch.rate_per_s for ch in cand.chains], [ch.capacity for ch in cand.chains],
-                              arrival_rate)
+    return jffc_mean_estimate([ch.rate_per_s for ch in cand.chains], [ch.capacity for ch in cand.chains], arrival_rate)
 
 
 def _by_upper(cands: Sequence[_Candidate]) -> _Candidate:
@@ -143,8 +150,10 @@ def joint_compose(
     composition for a fixed c; with c tuned, no stable c raises InfeasibleError.
     The surrogate c·K(c) belongs to the paper's tuning of c alone."""
     if tune not in CRITERIA:
-        raise SpecError(f"tune: the joint composition chooses by a bound, one of {CRITERIA}; got {tune!r} "
-                        "(the surrogate is for methods 'paper' and 'max-chains')")
+        raise SpecError(
+            f"tune: the joint composition chooses by a bound, one of {CRITERIA}; got {tune!r} "
+            "(the surrogate is for methods 'paper' and 'max-chains')"
+        )
     servers = validate_servers(servers)
     c_max = max_concurrency(servers, model)
     if c is not None and c < 1:
@@ -165,8 +174,9 @@ def joint_compose(
             found = list(_candidates(chains, whole, arrival_rate, cc, rank, variant, res.placement, res.num_chains))
             cands += found
             if not found and c is not None and max_chains and chains:
-                unstable = _Candidate(math.inf, math.inf, cc, rank, len(chains), 0, variant, res.placement,
-                                      tuple(chains), res.num_chains)
+                unstable = _Candidate(
+                    math.inf, math.inf, cc, rank, len(chains), 0, variant, res.placement, tuple(chains), res.num_chains
+                )
     if not built:
         raise InfeasibleError(
             f"the servers cannot hold the model {model.name!r} ({model.num_blocks} blocks of "
@@ -184,14 +194,23 @@ def joint_compose(
             f"no c in {'1..' + str(c_max) if c is None else c} gives chains that keep the system stable at "
             f"λ={arrival_rate:g}/s for model {model.name!r}; add servers or lower the load"
         )
-    used = {j for ch in win.chains[:win.k] for j in ch.servers}
+    used = {j for ch in win.chains[: win.k] for j in ch.servers}
     first, count = list(win.placement.first_block), list(win.placement.num_blocks)
     for j in range(len(servers)):
         if j not in used:  # a server no kept chain uses holds nothing (or the whole model below)
             first[j], count[j] = 0, 0
-    for ch in win.chains[win.k:]:
+    for ch in win.chains[win.k :]:
         first[ch.servers[0]], count[ch.servers[0]] = 1, model.num_blocks
-    choice = JointChoice(win.c, win.variant, win.k, win.e, win.lower_s, win.upper_s,
-                         est.mean_s if est else math.nan, est.how if est else "", n_est)
+    choice = JointChoice(
+        win.c,
+        win.variant,
+        win.k,
+        win.e,
+        win.lower_s,
+        win.upper_s,
+        est.mean_s if est else math.nan,
+        est.how if est else "",
+        n_est,
+    )
     meta = {"lower_s": win.lower_s, "upper_s": win.upper_s, "gbp_chains": win.gbp_chains, "joint": choice}
     return Composition(servers, model, Placement(tuple(first), tuple(count)), win.chains, win.c, meta)
