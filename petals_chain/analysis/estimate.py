@@ -9,6 +9,8 @@ interchangeable under JFFC), so one rate is Erlang C and two rates are the exact
 seeded workload, so every candidate sees the same arrivals (common random numbers) and the result is
 deterministic. The simulation averages waiting + 1/μ of the chain each job was given rather than the job's drawn
 size / μ: JFFC assigns a job without looking at its size, so this has the same mean and a fraction of the noise.
+With the default 40 000 jobs its standard deviation is about 0.3 % of the mean at load 0.5 and grows with the
+load (about 3 % for three single-slot chains at 0.76).
 """
 
 from __future__ import annotations

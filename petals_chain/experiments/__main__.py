@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", type=grid_cell, nargs="+", default=None, metavar="J:ETA",
                    help="fig8: only these (J, η) cells of its grid (e.g. 10:0.4), with the seeds they have in the "
                         "whole grid; written to fig8_cell_check.csv, leaving fig8's own results as they are")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="fig8: recompute only these methods' columns of the saved fig8_runs.csv (same seeds) and "
+                        "redraw; for a change that touches these methods alone")
     p.add_argument("--data-dir", type=Path, default=None,
                    help=f"folder with the Azure traces and the RIPE Atlas file (default: ${DATA_ENV})")
     args = p.parse_args(argv)
@@ -53,8 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6, fig8 can)",
               file=sys.stderr)
         return 2
-    if args.cells and names != ["fig8"]:
-        print("error: --cells selects cells of fig8's grid; run it with fig8 alone", file=sys.stderr)
+    if (args.cells or args.methods) and names != ["fig8"]:
+        print("error: --cells and --methods are fig8's; run them with fig8 alone", file=sys.stderr)
+        return 2
+    if args.cells and args.methods:
+        print("error: --cells runs every method in its cells; --methods reruns some methods in every cell",
+              file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:

@@ -112,17 +112,35 @@ def test_default_estimated_mean_is_at_most_both_variants_and_fits_memory(seed):
     assert all(comp.placement.num_blocks[j] == 0 for j in range(len(servers)) if j not in used)
 
 
-def test_default_uses_an_idle_whole_model_server_when_it_lowers_the_bound():
+def _toy_with_a_big_slow_server():
     # Two small servers form the only multi-hop chain; a big, slow server can hold the whole model alone.
     model = ModelSpec(4, 1.0, 0.1, name="toy")
     servers = [ServerSpec("a", 2.5, 0.1, 0.01), ServerSpec("b", 2.5, 0.1, 0.01), ServerSpec("big", 4.5, 0.5, 0.1)]
-    lam = 1.2
+    return servers, model
+
+
+def test_default_uses_an_idle_whole_model_server_when_it_lowers_the_mean():
+    servers, model = _toy_with_a_big_slow_server()
+    lam = 6.0  # the fast chain alone (2 slots of 0.24 s) would be 72 % busy
     comp = _compose("proposed", servers, model, lam)
     assert any(ch.servers == (2,) for ch in comp.chains), comp.chains
     assert comp.meta["joint"].whole_model_chains == 1
     assert (comp.placement.first_block[2], comp.placement.num_blocks[2]) == (1, 4)
     assert memory_violations(servers, model, comp.placement, comp.chains) == []
-    assert comp.meta["lower_s"] < _lower(_compose("paper", servers, model, lam))
+    fast = [ch for ch in comp.chains if ch.servers != (2,)]
+    alone = jffc_mean_estimate([ch.rate_per_s for ch in fast], [ch.capacity for ch in fast], lam)
+    assert comp.meta["joint"].estimate_s < alone.mean_s
+
+
+def test_default_leaves_it_idle_where_only_the_lower_bound_would_gain():
+    servers, model = _toy_with_a_big_slow_server()
+    lam = 1.2  # light load: a job sent to the 0.9 s chain stays there, while the lower bound counts it as fast
+    comp = _compose("proposed", servers, model, lam)
+    assert [ch.servers for ch in comp.chains] == [(0, 1)] and comp.placement.num_blocks[2] == 0
+    whole = _compose("max-chains", servers, model, lam)
+    assert any(ch.servers == (2,) for ch in whole.chains)
+    assert _lower(whole) < comp.meta["lower_s"]
+    assert _estimate(whole).mean_s > comp.meta["joint"].estimate_s
 
 
 def test_default_with_fixed_c_and_bad_c_or_criterion():
