@@ -46,13 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compose", help="place blocks, compose chains and tune c for a cluster file")
     c.add_argument("cluster", help="cluster description (.yaml or .json); see README")
     c.add_argument("--method", default="proposed", metavar="METHOD",
-                   help="composition: proposed (default: c and chains by the lower bound), paper (Algorithm 1 as "
-                        "written), max-chains (every chain the servers allow), jffc_only (whole-model servers)")
+                   help="composition: proposed (default: c and chains by the bounds and the estimated mean), paper "
+                        "(Algorithm 1 as written), max-chains (every chain the servers allow), jffc_only "
+                        "(whole-model servers)")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--c", type=positive_int_arg, default=None,
                    help="use this reserved concurrency c (an integer >= 1) instead of tuning it")
     g.add_argument("--tune", choices=("lower", "upper", "surrogate"), default="lower",
-                   help="criterion that picks c (default: the Theorem 3.7 lower bound)")
+                   help="criterion that picks c (default: the Theorem 3.7 lower bound; for proposed, the bounds and "
+                        "the estimated mean)")
     c.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     c.set_defaults(func=_compose)
     from petals_chain.moldable.cli import add_parser as add_moldable

@@ -10,6 +10,12 @@ from __future__ import annotations
 TARGET_LOAD = 0.7  # ρ̄: utilisation the chains are sized for (GBP-CR's stopping rule)
 ARRIVAL_RATE = 0.2  # λ, requests per second, when neither a cluster file nor a flag gives one
 
+# How the default composition estimates a candidate's JFFC mean response time where the Theorem 3.7 bounds cannot
+# separate two candidates and no exact solution is at hand (analysis/estimate.py): a seeded simulation of this many
+# Poisson arrivals at the design rate (the first tenth discarded as warm-up).
+ESTIMATE_JOBS = 40_000
+ESTIMATE_SEED = 0
+
 # ---- orchestrator -----------------------------------------------------------------------------------
 ORCHESTRATOR_PORT = 8700
 LEASE_TTL_S = 60.0  # a lease not renewed for this long expires (clients renew every TTL / 3)

@@ -1,4 +1,5 @@
-"""`python -m petals_chain.bench compose`: time GBP-CR, GCA and the full c sweep for J = 100 … 10000."""
+"""`python -m petals_chain.bench compose`: time GBP-CR, GCA, the full c sweep and the default composition for J = 100 …
+10000."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from petals_chain.bench.timing import best_of
 from petals_chain.compose.capacity import max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.gca import gca
+from petals_chain.compose.joint import joint_compose
 from petals_chain.compose.tuning import tune_c
 from petals_chain.model import ServerSpec
 from petals_chain.service_time import PAPER_DEVICES, Workload, bloom_176b, tau_c, tau_p
@@ -40,13 +42,15 @@ def run(argv: list[str] | None = None) -> int:
                    help="λ = this × J (the paper's default is 0.2/s for J=20)")
     p.add_argument("--c", type=int, default=7, help="c for the single GBP-CR/GCA timings")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--default-max-j", type=int, default=300,
+                   help="time the default composition (c and chains chosen together) only up to this J")
     args = p.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     warm = bench_servers(20, args.eta, rng)
     gca(warm, BLOOM, gbp_cr(warm, BLOOM, args.c, 0.2))  # compile the numba kernel outside the timings
     print(f"L={BLOOM.num_blocks}, eta={args.eta}, lambda={args.rate_per_server}*J, c={args.c} for single runs")
     print(f"{'J':>6} {'c_max':>6} {'GBP-CR ms':>10} {'GCA ms':>9} {'chains':>7} {'sweep s':>8} {'c*':>4} "
-          f"{'lower s':>8}")
+          f"{'lower s':>8} {'default s':>10} {'estimated':>10}")
     for J in args.sizes:
         servers = bench_servers(J, args.eta, rng)
         lam = args.rate_per_server * J
@@ -58,6 +62,13 @@ def run(argv: list[str] | None = None) -> int:
         tuning = tune_c(servers, BLOOM, lam)
         t_sweep = time.perf_counter() - t0
         point = next(pt for pt in tuning.curve if pt.c == tuning.c)
+        t_joint, estimated = "-", "-"
+        if J <= args.default_max_j:
+            t0 = time.perf_counter()
+            joint = joint_compose(servers, BLOOM, lam).meta["joint"]
+            t_joint = f"{time.perf_counter() - t0:.2f}"
+            estimated = getattr(joint, "estimated_candidates", "-")
         print(f"{J:>6} {max_concurrency(servers, BLOOM):>6} {t_gbp * 1e3:>10.2f} {t_gca * 1e3:>9.2f} "
-              f"{len(chains):>7} {t_sweep:>8.2f} {tuning.c:>4} {point.lower_s:>8.2f}", flush=True)
+              f"{len(chains):>7} {t_sweep:>8.2f} {tuning.c:>4} {point.lower_s:>8.2f} {t_joint:>10} {estimated:>10}",
+              flush=True)
     return 0

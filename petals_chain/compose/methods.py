@@ -10,8 +10,8 @@ composer (placement, and chains where it has fixed ones) plus the way requests r
 * ``Routing.PETALS``: PETALS' own client-side routing with its backoff (no orchestrator at all).
 
 Three compositions share JFFC routing: ``proposed`` (the default users get: c and the chains chosen
-together by the Theorem 3.7 lower bound), ``paper`` (the paper's Algorithm 1 exactly, for reproduction)
-and ``max-chains`` (GBP-CR forming every chain the servers allow).
+together, by the Theorem 3.7 bounds and the estimated JFFC mean), ``paper`` (the paper's Algorithm 1
+exactly, for reproduction) and ``max-chains`` (GBP-CR forming every chain the servers allow).
 
 Adding a variant is one more :class:`Method` entry in :data:`METHODS`.
 """
@@ -50,7 +50,8 @@ ESTIMATES = ("mean", "exact")
 def proposed_composition(servers: Sequence[ServerSpec], model: ModelSpec, arrival_rate: float,
                          target_load: float = defaults.TARGET_LOAD, c: int | None = None,
                          tune: str = "lower") -> Composition:
-    """The default: c and the chains chosen together by the Theorem 3.7 lower bound (compose/joint.py)."""
+    """The default: c and the chains chosen together by the Theorem 3.7 bounds and the estimated mean
+    (compose/joint.py)."""
     from petals_chain.compose.joint import joint_compose
 
     return joint_compose(servers, model, arrival_rate, target_load, c=c, tune=tune)
@@ -145,7 +146,7 @@ class Method:
 
 
 METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
-    Method("proposed", "proposed", "proposed (c and chains by the lower bound + JFFC)", Routing.JFFC,
+    Method("proposed", "proposed", "proposed (c and chains by bounds + estimated mean, JFFC)", Routing.JFFC,
            proposed_composition, tunes_c=True),
     Method("paper", "paper", "paper (Algorithm 1 as written + GCA + JFFC)", Routing.JFFC, paper_composition,
            tunes_c=True),

@@ -90,7 +90,8 @@ def composition_to_dict(comp: Composition, arrival_rate: float | None = None,
     joint = comp.meta.get("joint")
     if joint is not None:
         out["joint"] = {"c": joint.c, "gbp_cr": joint.variant, "kept_chains": joint.kept_chains,
-                        "whole_model_chains": joint.whole_model_chains}
+                        "whole_model_chains": joint.whole_model_chains, "estimate_s": joint.estimate_s,
+                        "estimated_by": joint.estimated_by, "estimated_candidates": joint.estimated_candidates}
     return strict_json(out)
 
 
@@ -126,6 +127,9 @@ def composition_table(comp: Composition, arrival_rate: float | None = None, targ
         lines.append(f"c chosen by the {t['criterion']} criterion; each criterion picks {picks}")
     if "joint" in d:
         j = d["joint"]
-        lines.append(f"c and chains chosen together by the bound: c={j['c']}, the first {j['kept_chains']} chains of "
+        lines.append(f"c and chains chosen together: c={j['c']}, the first {j['kept_chains']} chains of "
                      f"GBP-CR ({j['gbp_cr']}) + GCA, {j['whole_model_chains']} whole-model chain(s) on idle servers")
+        if j["estimated_by"]:
+            lines.append(f"estimated mean response time {j['estimate_s']:.3f} s ({j['estimated_by']}; "
+                         f"{j['estimated_candidates']} candidate(s) the bounds left were estimated)")
     return "\n".join(lines)

@@ -13,6 +13,15 @@ from petals_chain.experiments.common import REPO, publish
 from petals_chain.model import SpecError
 
 
+def grid_cell(text: str) -> tuple[int, float]:
+    """A (J, η) grid cell written J:ETA, e.g. 10:0.4."""
+    try:
+        j, eta = text.split(":")
+        return int(j), float(eta)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a cell is J:ETA, e.g. 10:0.4") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the experiments asked for, print each summary."""
     p = argparse.ArgumentParser(prog="python -m petals_chain.experiments", description=__doc__)
@@ -23,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replot", action="store_true",
                    help="redraw the PNG (and README section) from the saved CSV without simulating (fig3, fig5, fig6)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
+    p.add_argument("--cells", type=grid_cell, nargs="+", default=None, metavar="J:ETA",
+                   help="fig8: only these (J, η) cells of its grid (e.g. 10:0.4), with the seeds they have in the "
+                        "whole grid; written to fig8_cell_check.csv, leaving fig8's own results as they are")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help="fig8: recompute only these methods' columns of the saved fig8_runs.csv (same seeds) and "
+                        "redraw; for a change that touches these methods alone")
     p.add_argument("--data-dir", type=Path, default=None,
                    help=f"folder with the Azure traces and the RIPE Atlas file (default: ${DATA_ENV})")
     args = p.parse_args(argv)
@@ -39,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     cannot = [n for n in names if args.replot and not getattr(load(n), "REPLOT", False)]
     if cannot:
         print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6, fig8 can)",
+              file=sys.stderr)
+        return 2
+    if (args.cells or args.methods) and names != ["fig8"]:
+        print("error: --cells and --methods are fig8's; run them with fig8 alone", file=sys.stderr)
+        return 2
+    if args.cells and args.methods:
+        print("error: --cells runs every method in its cells; --methods reruns some methods in every cell",
               file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)

@@ -106,8 +106,9 @@ def update_readme(out_dir: Path, summary: Summary) -> Path:
     head = "# Results\n\nWritten by `python -m petals_chain.experiments NAME`; each section says the command.\n"
     text = path.read_text() if path.exists() else head
     sections = dict(re.findall(r"(?ms)^<!-- ([\w-]+) -->\n(.*?)(?=^<!-- [\w-]+ -->|\Z)", text))
-    body = [f"## {summary.name}: {summary.title}", "", f"Command: `{summary.command}`", "",
-            f"![{summary.name}]({summary.name}.png)", ""]
+    body = [f"## {summary.name}: {summary.title}", "", f"Command: `{summary.command}`", ""]
+    if (out_dir / f"{summary.name}.png").is_file():  # a summary without a figure (fig8 --cells) links none
+        body += [f"![{summary.name}]({summary.name}.png)", ""]
     body += [f"- {line}" for line in summary.lines]
     if summary.paper:
         body += ["", "Paper:"] + [f"- {line}" for line in summary.paper]

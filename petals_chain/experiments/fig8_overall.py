@@ -18,7 +18,7 @@ import numpy as np
 from petals_chain.compose.methods import METHODS
 from petals_chain.experiments.common import Summary, checkpoint_path, plt, read_csv, replotting, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
-from petals_chain.model import InfeasibleError
+from petals_chain.model import InfeasibleError, SpecError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
 from petals_chain.sim.methods import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
@@ -41,6 +41,7 @@ class Fig8Run:
     n_jobs: int
     arrival_rate: float = DEFAULT.arrival_rate
     target_load: float = DEFAULT.target_load
+    methods: tuple[str, ...] = tuple(METHODS)  # which methods' columns the row gets
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
         J, eta = self.settings[index // self.runs]
@@ -51,7 +52,7 @@ class Fig8Run:
         kept = workload.arrival_s[warmup:]
         offered = (kept.size - 1) / float(kept[-1] - kept[0])
         row: dict[str, Any] = {"J": J, "eta": eta, "run": index % self.runs}
-        for method in METHODS:
+        for method in self.methods:
             try:
                 system = build_system(method, servers, model(), self.arrival_rate, self.target_load)
                 res = simulate_system(system, workload, warmup)
@@ -170,14 +171,94 @@ def _fmt(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{x:.0f}%"
 
 
+def _verdicts(red: list[dict[str, Any]]) -> list[str]:
+    """Per baseline: the range of % reductions and in how many cells the paired 95 % CI says faster / slower."""
+    lines = []
+    for base in BASELINES:
+        vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
+        if vals:
+            worse = sum(r[f"vs_{base}_diff_hi_s"] < 0 for r in red)  # paired 95 % CI wholly below zero
+            better = sum(r[f"vs_{base}_diff_lo_s"] > 0 for r in red)
+            lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%; proposed "
+                         f"significantly faster in {better}, slower in {worse} of {len(red)} cells (paired 95 % CI)")
+    return lines
+
+
+def run_cells(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...], task: Fig8Run) -> Summary:
+    """Only the cells in ``args.cells``, each run with the seed it has in the whole grid (and the same checkpoint):
+    fig8_cell_check.csv (one row per cell) and a summary of its own, fig8's results left as they are."""
+    picked = tuple(dict.fromkeys(args.cells))
+    unknown = [c for c in picked if c not in settings]
+    if unknown:
+        raise SpecError(f"--cells: {', '.join(f'{J}:{e:g}' for J, e in unknown)} not in fig8's grid (J in "
+                        f"{', '.join(map(str, cfg['Js']))}; η in {', '.join(f'{e:g}' for e in cfg['etas'])})")
+    if replotting(args):
+        raise SpecError("--cells recomputes its cells; --replot redraws the whole grid from fig8_runs.csv")
+    only = [settings.index(cell) * cfg["runs"] + r for cell in picked for r in range(cfg["runs"])]
+    rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
+                            desc="fig8 cells", checkpoint=checkpoint_path("fig8", args), only=only)
+    red = reductions(rows, picked)
+    agg = {(r["J"], r["eta"], r["method"]): r for r in aggregate(rows, picked)}
+    table, lines = [], [f"{cfg['runs']} runs × {cfg['n_jobs']} jobs per cell, the runs these cells have in the whole "
+                        "grid; paired difference baseline − proposed with its 95 % CI (> 0: proposed faster):"]
+    for r in red:
+        key = (r["J"], r["eta"])
+        row: dict[str, Any] = {"J": r["J"], "eta": r["eta"], "runs": agg[key + ("proposed",)]["runs"],
+                               "proposed_mean_response_s": agg[key + ("proposed",)]["mean_response_s"],
+                               "proposed_ci95_half_s": agg[key + ("proposed",)]["ci95_half_s"]}
+        for base in BASELINES:
+            row[f"{base}_mean_response_s"] = agg[key + (base,)]["mean_response_s"]
+            row |= {k: v for k, v in r.items() if k.startswith(f"vs_{base}_")}
+        table.append(row)
+        lines.append(f"J={r['J']} η={r['eta']:g}: proposed {row['proposed_mean_response_s']:.3f} s; " + "; ".join(
+            f"{base} {_fmt(r[f'vs_{base}_pct'])} "
+            f"({r[f'vs_{base}_diff_lo_s']:+.3f} .. {r[f'vs_{base}_diff_hi_s']:+.3f} s)"
+            for base in BASELINES if r[f"vs_{base}_runs"]))
+    write_csv(args.out / "fig8_cell_check.csv", table)
+    lines += _verdicts(red)
+    cells = " ".join(f"{J}:{e:g}" for J, e in picked)
+    command = f"python -m petals_chain.experiments fig8{' --quick' if args.quick else ''} --seed {args.seed} " \
+              f"--cells {cells}"
+    return Summary("fig8-cells", "overall comparison, selected cells (fig8_cell_check.csv)", command, lines, [],
+                   {"reductions": red})
+
+
+def rerun_methods(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...],
+                  methods: list[str]) -> list[dict[str, Any]]:
+    """The saved fig8_runs.csv with only ``methods``' columns recomputed (same seeds): after a change to those
+    methods alone, the whole grid again at a fraction of the cost."""
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SpecError(f"--methods: unknown {', '.join(unknown)}; choose among {', '.join(METHODS)}")
+    saved = read_csv(args.out / "fig8_runs.csv")
+    expect = [(J, eta, r) for J, eta in settings for r in range(cfg["runs"])]
+    if [(int(x["J"]), x["eta"], int(x["run"])) for x in saved] != expect:
+        raise SpecError(f"--methods: {args.out / 'fig8_runs.csv'} is not a whole {len(expect)}-run grid of this "
+                        "configuration (run fig8 in full first)")
+    task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"], methods=tuple(dict.fromkeys(methods)))
+    fresh = run_replications(task, len(expect), args.seed, workers=getattr(args, "workers", None),
+                             desc=f"fig8 {' '.join(methods)}", checkpoint=checkpoint_path("fig8", args))
+    out = []
+    for old, new in zip(saved, fresh):
+        row = old | new | {"J": int(old["J"]), "run": int(old["run"])}
+        out.append({k: row[k] for k in [*old, *(k for k in new if k not in old)]})  # the saved column order first
+    return out
+
+
 def run(args) -> Summary:
     """Run the grid (in parallel processes), write CSVs and the PNG, summarise the % reductions."""
     cfg = QUICK if args.quick else FULL
     settings = tuple((J, eta) for J in cfg["Js"] for eta in cfg["etas"])
     task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"])
+    if getattr(args, "cells", None):
+        return run_cells(args, cfg, settings, task)
+    only_methods = getattr(args, "methods", None)
     # Resumable: every finished run is kept in .cache/experiments/ and a rerun computes only the missing ones.
     if replotting(args):  # redraw from the saved runs (their statuses and means), no simulation
         rows = read_csv(args.out / "fig8_runs.csv")
+    elif only_methods:
+        rows = rerun_methods(args, cfg, settings, only_methods)
+        write_csv(args.out / "fig8_runs.csv", rows)
     else:
         rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
                                 desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
@@ -196,13 +277,7 @@ def run(args) -> Summary:
             cells.append(f"η={r['eta']:g}: {_fmt(r['vs_petals_pct'])} / {_fmt(r['vs_bprr_pct'])} / "
                          f"{_fmt(r['vs_bprr_oracle_pct'])}")
         lines.append(f"J={J}: " + "; ".join(cells))
-    for base in BASELINES:
-        vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
-        if vals:
-            worse = sum(r[f"vs_{base}_diff_hi_s"] < 0 for r in red)  # paired 95 % CI wholly below zero
-            better = sum(r[f"vs_{base}_diff_lo_s"] > 0 for r in red)
-            lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%; proposed "
-                         f"significantly faster in {better}, slower in {worse} of {len(red)} cells (paired 95 % CI)")
+    lines += _verdicts(red)
     infeasible = sorted({(r["J"], r["eta"], r["method"]) for r in agg if r["feasible_runs"] < r["runs"]})
     if infeasible:
         lines.append("infeasible in some runs: " + ", ".join(f"{m} at J={J} η={e:g}" for J, e, m in infeasible))
@@ -211,6 +286,10 @@ def run(args) -> Summary:
         lines.append("overloaded (completions < 90 % of arrivals; mean grows with run length): " + ", ".join(
             f"{m} at J={J} η={e:g} ({n} runs)" for J, e, m, n in overloaded))
     command = f"python -m petals_chain.experiments fig8{' --quick' if args.quick else ''} --seed {args.seed}"
+    if only_methods:
+        command += f" --methods {' '.join(only_methods)}"
+        lines.append(f"the columns of {', '.join(only_methods)} were recomputed by this command; the other methods' "
+                     "come from the previous full run of fig8_runs.csv (same seeds, their code unchanged)")
     paper = ["8–83 % lower mean response time than PETALS and BPRR, more with fewer servers or smaller η "
              "(J=10, η=0.1 cannot hold the model)"]
     return Summary("fig8", "overall comparison: proposed vs PETALS vs BPRR", command, lines, paper,

@@ -93,7 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "times they measure and report themselves")
     m.add_argument("--c", type=positive_int_arg, default=None, help="fixed reserved concurrency c (default: tuned)")
     m.add_argument("--tune", default=None, choices=("lower", "upper", "surrogate"),
-                   help="criterion for tuning c (default: the Theorem 3.7 lower bound)")
+                   help="criterion for tuning c (default: the Theorem 3.7 lower bound; for proposed, the bounds and "
+                        "the estimated mean)")
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     s.add_argument("--port", type=port_arg, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")

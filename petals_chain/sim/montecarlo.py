@@ -12,7 +12,7 @@ import json
 import math
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -76,18 +76,24 @@ def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[
 
 def run_replications(task: Task, replications: int, seed: int, *, workers: int | None = None,
                      progress: bool = True, desc: str = "replications",
-                     checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
-    """Run ``task(seed_sequence, r)`` for r = 0..R-1; results in replication order.
+                     checkpoint: str | Path | None = None,
+                     only: Collection[int] | None = None) -> list[dict[str, Any]]:
+    """Run ``task(seed_sequence, r)`` for r = 0..R-1 (or the r in ``only``); results in replication order.
 
     ``task`` must be picklable (a module-level function or a dataclass instance
     with ``__call__``). ``workers=1`` runs in this process; the default uses up
     to ``os.cpu_count()`` processes. With ``checkpoint`` (a JSONL file), every finished
     replication is appended as it completes and a rerun with the same task, seed and R
     computes only the missing ones (replication r always gets the same seed), so a
-    long experiment survives being stopped and resumes where it was.
+    long experiment survives being stopped and resumes where it was. ``only`` runs a subset
+    with the seeds (and checkpoint rows) those replications have in the full set.
     """
     if replications < 1:
         raise ValueError(f"run_replications: replications must be >= 1, got {replications}")
+    if only is not None and (not only or not all(isinstance(r, (int, np.integer)) and 0 <= r < replications
+                                                 for r in only)):
+        raise ValueError(f"run_replications: only must name replications in 0..{replications - 1}, got {only!r}")
+    wanted = range(replications) if only is None else sorted({int(r) for r in only})
     children = np.random.SeedSequence(seed).spawn(replications)
     out: list[dict[str, Any] | None] = [None] * replications
     key = f"{task!r}|seed={seed}|R={replications}"
@@ -101,7 +107,7 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
         sink = checkpoint.open("a")
         if torn:  # a line cut short by a kill: end it so the next row starts on a line of its own
             sink.write("\n")
-    todo = [r for r in range(replications) if out[r] is None]
+    todo = [r for r in wanted if out[r] is None]
     workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
 
     def done(r: int, row: dict[str, Any]) -> None:
@@ -111,7 +117,7 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
             sink.flush()
         bar.update()
 
-    bar = tqdm(total=replications, initial=replications - len(todo), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, disable=not progress, leave=False)
     try:
         if workers <= 1:
             for r in todo:
@@ -126,7 +132,7 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
         bar.close()
         if sink is not None:
             sink.close()
-    return [row for row in out if row is not None]
+    return [out[r] for r in wanted if out[r] is not None]
 
 
 def summarize(rows: Sequence[dict[str, Any]], keys: Sequence[str] | None = None,

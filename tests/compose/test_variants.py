@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from petals_chain.analysis.bounds import theorem37_bounds
+from petals_chain.analysis.estimate import jffc_mean_estimate
 from petals_chain.cli import main
 from petals_chain.compose.gbp_cr import gbp_cr_detail
 from petals_chain.compose.memory import memory_violations
@@ -27,6 +28,11 @@ def _cases() -> list[dict]:
 def _lower(comp) -> float:
     return theorem37_bounds([ch.rate_per_s for ch in comp.chains], [ch.capacity for ch in comp.chains],
                             comp.meta["arrival_rate"]).lower_s
+
+
+def _estimate(comp):
+    return jffc_mean_estimate([ch.rate_per_s for ch in comp.chains], [ch.capacity for ch in comp.chains],
+                              comp.meta["arrival_rate"])
 
 
 def _compose(name: str, servers, model, lam: float, rho: float = 0.7):
@@ -78,7 +84,7 @@ def test_max_chains_has_at_least_the_papers_chains_and_fits_memory(seed):
 
 
 @pytest.mark.parametrize("seed", range(25))
-def test_default_lower_bound_is_at_most_both_variants_and_fits_memory(seed):
+def test_default_estimated_mean_is_at_most_both_variants_and_fits_memory(seed):
     rng = np.random.default_rng(100 + seed)
     servers = random_servers(rng, int(rng.integers(3, 12)))
     model = ModelSpec(int(rng.integers(2, 8)), 1.0, float(rng.uniform(0.01, 0.2)), name="toy")
@@ -86,7 +92,7 @@ def test_default_lower_bound_is_at_most_both_variants_and_fits_memory(seed):
     others = []
     for name in ("paper", "max-chains"):
         try:
-            others.append(_lower(_compose(name, servers, model, lam)))
+            others.append(_estimate(_compose(name, servers, model, lam)))
         except InfeasibleError:
             pass
     if not others:
@@ -95,23 +101,46 @@ def test_default_lower_bound_is_at_most_both_variants_and_fits_memory(seed):
         return
     comp = _compose("proposed", servers, model, lam)
     assert _lower(comp) == pytest.approx(comp.meta["lower_s"])
-    assert comp.meta["lower_s"] <= min(others) * (1 + 1e-9)
+    mine = _estimate(comp)
+    assert mine.mean_s == pytest.approx(comp.meta["joint"].estimate_s)
+    for other in others:
+        # Exact estimates obey the choice exactly; a simulated one may sit a little below a bound it was pruned by.
+        slack = 1e-9 if {mine.how, other.how} <= {"erlang-c", "exact-k2"} else 0.02
+        assert mine.mean_s <= other.mean_s * (1 + slack), (mine, other)
     assert memory_violations(servers, model, comp.placement, comp.chains) == []
     used = {j for ch in comp.chains for j in ch.servers}
     assert all(comp.placement.num_blocks[j] == 0 for j in range(len(servers)) if j not in used)
 
 
-def test_default_uses_an_idle_whole_model_server_when_it_lowers_the_bound():
+def _toy_with_a_big_slow_server():
     # Two small servers form the only multi-hop chain; a big, slow server can hold the whole model alone.
     model = ModelSpec(4, 1.0, 0.1, name="toy")
     servers = [ServerSpec("a", 2.5, 0.1, 0.01), ServerSpec("b", 2.5, 0.1, 0.01), ServerSpec("big", 4.5, 0.5, 0.1)]
-    lam = 1.2
+    return servers, model
+
+
+def test_default_uses_an_idle_whole_model_server_when_it_lowers_the_mean():
+    servers, model = _toy_with_a_big_slow_server()
+    lam = 6.0  # the fast chain alone (2 slots of 0.24 s) would be 72 % busy
     comp = _compose("proposed", servers, model, lam)
     assert any(ch.servers == (2,) for ch in comp.chains), comp.chains
     assert comp.meta["joint"].whole_model_chains == 1
     assert (comp.placement.first_block[2], comp.placement.num_blocks[2]) == (1, 4)
     assert memory_violations(servers, model, comp.placement, comp.chains) == []
-    assert comp.meta["lower_s"] < _lower(_compose("paper", servers, model, lam))
+    fast = [ch for ch in comp.chains if ch.servers != (2,)]
+    alone = jffc_mean_estimate([ch.rate_per_s for ch in fast], [ch.capacity for ch in fast], lam)
+    assert comp.meta["joint"].estimate_s < alone.mean_s
+
+
+def test_default_leaves_it_idle_where_only_the_lower_bound_would_gain():
+    servers, model = _toy_with_a_big_slow_server()
+    lam = 1.2  # light load: a job sent to the 0.9 s chain stays there, while the lower bound counts it as fast
+    comp = _compose("proposed", servers, model, lam)
+    assert [ch.servers for ch in comp.chains] == [(0, 1)] and comp.placement.num_blocks[2] == 0
+    whole = _compose("max-chains", servers, model, lam)
+    assert any(ch.servers == (2,) for ch in whole.chains)
+    assert _lower(whole) < comp.meta["lower_s"]
+    assert _estimate(whole).mean_s > comp.meta["joint"].estimate_s
 
 
 def test_default_with_fixed_c_and_bad_c_or_criterion():

@@ -151,3 +151,46 @@ def test_replot_of_an_experiment_that_cannot_is_refused(tmp_path, capsys):
     assert "fig4 cannot redraw" in capsys.readouterr().err
     assert main(["fig6", "--replot", "--out", str(tmp_path)]) == 2  # no results/fig6.csv there yet
     assert "no saved results" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_fig8_cells_run_with_their_whole_grid_seeds(tmp_path, monkeypatch, capsys):
+    from petals_chain.experiments import fig8_overall as fig8
+
+    grid = {"Js": (20, 40), "etas": (0.4,), "runs": 2, "n_jobs": 400}
+    monkeypatch.setattr(fig8, "QUICK", grid)
+    assert main(["fig8", "--quick", "--workers", "1", "--out", str(tmp_path), "--cells", "40:0.4"]) == 0
+    (row,) = _rows(tmp_path / "fig8_cell_check.csv")
+    assert (row["J"], row["eta"]) == ("40", "0.4")
+    settings = ((20, 0.4), (40, 0.4))
+    task = fig8.Fig8Run(settings, 2, 400)
+    seeds = np.random.SeedSequence(1).spawn(4)
+    direct = [task(seeds[i], i)["proposed_mean_response_s"] for i in (2, 3)]  # cell 1, runs 0 and 1
+    assert float(row["proposed_mean_response_s"]) == pytest.approx(np.mean(direct), rel=1e-12)
+    assert not (tmp_path / "fig8_runs.csv").exists() and "fig8-cells" in (tmp_path / "README.md").read_text()
+    assert main(["fig8", "--quick", "--out", str(tmp_path), "--cells", "30:0.4"]) == 2
+    assert "30:0.4 not in fig8's grid" in capsys.readouterr().err
+    assert main(["fig7", "--cells", "40:0.4"]) == 2 and "fig8's" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_fig8_methods_recomputes_only_those_columns(tmp_path, monkeypatch, capsys):
+    from petals_chain.compose.methods import METHODS
+    from petals_chain.experiments import fig8_overall as fig8
+
+    monkeypatch.setattr(fig8, "QUICK", {"Js": (40,), "etas": (0.4,), "runs": 2, "n_jobs": 400})
+    saved = [{"J": 40, "eta": 0.4, "run": r} | {f"{m}_{k}": v for m in METHODS for k, v in (
+        ("status", "infeasible"), ("mean_response_s", float("nan")), ("mean_waiting_s", float("nan")),
+        ("mean_service_s", float("nan")), ("note", "kept"))} for r in range(2)]
+    fig8.write_csv(tmp_path / "fig8_runs.csv", saved)
+    assert main(["fig8", "--quick", "--workers", "1", "--out", str(tmp_path), "--methods", "proposed"]) == 0
+    rows = _rows(tmp_path / "fig8_runs.csv")
+    assert [list(r) for r in rows] == [list(saved[0])] * 2  # the saved columns, in their order
+    assert all(r["proposed_status"] == "ok" and float(r["proposed_mean_response_s"]) > 0 for r in rows)
+    assert all(r["paper_status"] == "infeasible" and r["paper_note"] == "kept" for r in rows)
+    assert "--methods proposed" in (tmp_path / "README.md").read_text()
+    fig8.write_csv(tmp_path / "fig8_runs.csv", saved[:1])
+    assert main(["fig8", "--quick", "--out", str(tmp_path), "--methods", "proposed"]) == 2
+    assert "not a whole 2-run grid" in capsys.readouterr().err
+    assert main(["fig8", "--quick", "--out", str(tmp_path), "--methods", "nope"]) == 2
+    assert "unknown nope" in capsys.readouterr().err

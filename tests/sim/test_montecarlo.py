@@ -106,3 +106,15 @@ def test_checkpoint_digest_follows_the_modules_a_run_imported(monkeypatch):
     assert before == code_digest(loaded_only=True) and before != code_digest()
     monkeypatch.delitem(sys.modules, "petals_chain.moldable.kernel")
     assert code_digest(loaded_only=True) != before
+
+
+def test_a_subset_of_replications_has_the_seeds_and_checkpoint_rows_of_the_whole(tmp_path: Path) -> None:
+    full = run_replications(TASK, 4, seed=3, workers=1, progress=False)
+    ckpt = tmp_path / "ckpt.jsonl"
+    part = run_replications(TASK, 4, seed=3, workers=1, progress=False, checkpoint=ckpt, only=[3, 1, 3])
+    assert part == [full[1], full[3]] and len(ckpt.read_text().splitlines()) == 2
+    assert run_replications(TASK, 4, seed=3, workers=1, progress=False, checkpoint=ckpt) == full
+    assert len(ckpt.read_text().splitlines()) == 4  # the whole run computed only the two missing ones
+    for bad in ([], [4], [-1], ["1"]):
+        with pytest.raises(ValueError, match="only must name replications in 0..3"):
+            run_replications(TASK, 4, seed=3, workers=1, progress=False, only=bad)
