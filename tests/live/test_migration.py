@@ -58,7 +58,7 @@ def mswarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator (JFFC with migration) + s1 (all blocks) + s2, s3 (two blocks each), c = 1: two chains."""
     sw = MigratingSwarm(tiny_dir, test_swarm.SERVERS, log_dir=tmp_path_factory.mktemp("migration-logs"),
                         model_name="tiny-llama", max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0,
-                        heartbeat_timeout_s=15.0)
+                        heartbeat_timeout_s=15.0, orchestrator_args=("--method", "max-chains"))  # two chains always
     try:
         sw.start(timeout_s=240)
         yield sw

@@ -44,7 +44,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator (with its DHT) + 3 servers; c = 1 and a high λ so that GBP-CR builds two chains."""
     sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("swarm-logs"), model_name="tiny-llama",
-                    max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0)
+                    max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
+                    orchestrator_args=("--method", "max-chains"))  # two chains whatever τ this machine measures
     try:
         sw.start(timeout_s=240)
         yield sw
