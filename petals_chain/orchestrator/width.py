@@ -252,8 +252,11 @@ def speedup_profile(path: str | Path) -> tuple[SpeedUp, float | None]:
                         "(or 'speedup')")
     column = "tokens_per_s" if "tokens_per_s" in rows[0] else "speedup"
     try:
-        widths = [int(r["width"]) for r in rows]
+        widths = [float(r["width"]) for r in rows]
         values = [float(r[column]) for r in rows]
+        if any(w != int(w) for w in widths):
+            raise ValueError(f"widths {widths} are not integers")
+        widths = [int(w) for w in widths]
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(f"speedup profile {path}: every row needs an integer 'width' and a number "
                         f"'tokens_per_s' or 'speedup' ({type(exc).__name__}: {exc})") from None
@@ -266,7 +269,7 @@ def speedup_profile(path: str | Path) -> tuple[SpeedUp, float | None]:
             speedup = SpeedUp(tuple(values))
     except SpecError as exc:
         raise SpecError(f"speedup profile {path}: {exc}") from None
-    base = next((r.get("service_s") for r in rows if int(r["width"]) == 1), None)
+    base = next((r.get("service_s") for r, w in zip(rows, widths) if w == 1), None)
     try:
         service_s = float(base) if base not in (None, "") else None
     except (TypeError, ValueError):

@@ -27,14 +27,24 @@ class LeaseWidths:
     """Widths of the speculative leases of one lease manager, chosen by a :class:`WidthPolicy` whose units follow
     the offered capacity; every method runs on the event loop."""
 
-    def __init__(self, leases: LeaseManager, speedup: SpeedUp, policy: str, rng: np.random.Generator, *,
-                 mean_size_s: float, mean_interarrival_s: float, headroom: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        leases: LeaseManager,
+        speedup: SpeedUp,
+        policy: str,
+        rng: np.random.Generator,
+        *,
+        mean_size_s: float,
+        mean_interarrival_s: float,
+        headroom: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.leases = leases
         self.clock = clock
         self.priors = (mean_size_s, mean_interarrival_s)
-        self.rule = WidthPolicy(1, speedup, policy, rng, mean_size_s=mean_size_s,
-                                mean_interarrival_s=mean_interarrival_s, headroom=headroom)
+        self.rule = WidthPolicy(
+            1, speedup, policy, rng, mean_size_s=mean_size_s, mean_interarrival_s=mean_interarrival_s, headroom=headroom
+        )
         self._widths: dict[str, int] = {}  # lease id → width, for leases that asked for one
 
     @property
