@@ -119,7 +119,8 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
                 cells += [(load, policy, per_load) for policy in POLICIES]  # the same arrivals for every policy
             for load, policy, arrivals in tqdm(cells, desc="load × policy cells"):
                 rate = load * units / t1
-                http_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate}, token=sw.api_token)
+                http_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate},
+                          token=sw.api_token or sw.token)
                 rows = serve_load(model, tok, policy, load, rate, window_s, new_tokens,
                                   np.random.default_rng(arrivals), prompts)
                 measured = sw.get("/width")
