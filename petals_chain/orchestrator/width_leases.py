@@ -19,7 +19,7 @@ import numpy as np
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.leases import Lease, LeaseManager
-from petals_chain.orchestrator.width import POLICIES, WidthPolicy, width_method
+from petals_chain.orchestrator.width import WidthPolicy, width_method
 from petals_chain.moldable.speedup import SpeedUp
 
 
@@ -109,8 +109,6 @@ class LeaseWidths:
     def set_policy(self, policy: str, arrival_rate: float | None = None) -> None:
         """Switch the policy (an operator's switch) and measure afresh from the priors; ``arrival_rate`` (requests
         per second) replaces the prior inter-arrival time."""
-        if policy not in POLICIES:
-            width_method(policy)  # raises, naming the field
         gap = self.priors[1]
         if arrival_rate is not None:
             if not arrival_rate > 0:
