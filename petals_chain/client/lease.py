@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import dataclasses
 import threading
 import math
 import time
 from dataclasses import dataclass, field
 
 from petals_chain import defaults
+from petals_chain.client.drafts import check_width
 from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
@@ -33,8 +35,15 @@ class LeaseOptions:
     move_prefill_tokens: int = 1 << 30  # per move, tokens the new chain may re-prefill (0: never token replay)
     move_rule: str = "fastest"  # how a move's mode is picked among those within budget (mell.hybrid.RULES)
     move_speeds: Speeds = field(default_factory=Speeds)  # the profile the 'fastest' rule estimates times from
+    k_max: int | None = None  # decode speculatively, at most k_max positions per step; the lease says how many
+    emulated_rtt_s: float = 0.0  # speculative sessions wait this long before each hop (a WAN on loopback)
 
     def __post_init__(self) -> None:
+        if self.k_max is not None:
+            check_width(self.k_max, "k_max")
+        if not (isinstance(self.emulated_rtt_s, (int, float)) and 0 <= self.emulated_rtt_s < 60):
+            raise SpecError(f"lease option 'emulated_rtt_s' must be a number of seconds in [0, 60), got "
+                            f"{self.emulated_rtt_s!r}")
         for name in ("timeout_s", "ttl_s", "reload_wait_s", "move_check_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v > 0):
@@ -66,8 +75,10 @@ class LeaseKeeper:
         self._renewer = orch.spawn(self._renew_loop())
 
     def _heard(self, info: LeaseInfo) -> None:
-        """Note a renew reply: a move offered, or none any more."""
+        """Note a renew reply: a move offered, or none any more; the width the orchestrator wants now."""
         self.move_to = info.migrate_to
+        if info.width is not None and info.width != self.info.width:
+            self.info = dataclasses.replace(self.info, width=info.width)
         self.checked_s = time.monotonic()
 
     def check(self) -> LeaseInfo | None:

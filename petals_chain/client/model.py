@@ -19,6 +19,7 @@ from petals_chain import defaults
 from petals_chain.client.lease import LeaseOptions
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
+from petals_chain.client.speculative import SpeculativeSession, speculative_model
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator
 
@@ -30,16 +31,23 @@ class OrchestratedRemoteSequential(RemoteSequential):
 
     sequence_manager: OrchestratedSequenceManager
 
+    def _session(self, max_length: int) -> LeasedInferenceSession:
+        """A new (not yet entered) leased session; a speculative one (rollback, the lease's width) with k_max."""
+        options = self.sequence_manager.options
+        if options.k_max is not None:
+            return SpeculativeSession(self.sequence_manager, max_length, options.emulated_rtt_s)
+        return LeasedInferenceSession(self.sequence_manager, max_length=max_length)
+
     @contextlib.contextmanager
-    def inference_session(self, **kwargs: Any):
+    def inference_session(self, *, max_length: int):
         """Like petals' inference_session(max_length=...), but the session holds a lease while open."""
-        with LeasedInferenceSession(self.sequence_manager, **kwargs) as session, self.use_session(session):
+        with self._session(max_length) as session, self.use_session(session):
             yield session
 
     def open_session(self, max_length: int) -> LeasedInferenceSession:
         """A session already holding its lease but not made active: pass it to ``generate(session=...)`` and
         ``close()`` it in any order (for many concurrent sessions in one thread)."""
-        return LeasedInferenceSession(self.sequence_manager, max_length=max_length).__enter__()
+        return self._session(max_length).__enter__()
 
     def __getitem__(self, ix: int | slice) -> OrchestratedRemoteSequential:
         """A sub-sequence of blocks whose sessions still lease."""
@@ -54,6 +62,8 @@ def use_orchestrator(model: Any, orchestrator: BlockingOrchestrator, options: Le
             manager = OrchestratedSequenceManager.replacing(child.sequence_manager, orchestrator, options)
             setattr(transformer, attr, OrchestratedRemoteSequential(child.config, sequence_manager=manager))
             model.orchestrator = orchestrator
+            if options is not None and options.k_max is not None and transformer is not model:
+                speculative_model(model)
             return model
     raise TypeError(f"{type(model).__name__} has no petals RemoteSequential to route through the orchestrator")
 
@@ -108,21 +118,28 @@ class AutoDistributedModelForCausalLM:
         lease_ttl_s: float = defaults.LEASE_TTL_S,
         client_label: str | None = None,
         lease_options: dict[str, Any] | None = None,
+        speculative_k_max: int | None = None,
+        emulated_rtt_s: float = 0.0,
         **kwargs: Any,
     ) -> Any:
         """Load the client-side model. With ``orchestrator`` (its URL is all a client needs), the DHT's initial peers
         and prefix and, when no model is given, the model itself come from its ``GET /swarm``; the token defaults to the
         client credential's environment variable, then the shared one the servers read (``PETALS_CHAIN_ORCH_TOKEN``).
-        ``lease_options``: more :class:`~petals_chain.client.lease.LeaseOptions` fields (how moves pick a mode)."""
+        ``lease_options``: more :class:`~petals_chain.client.lease.LeaseOptions` fields (how moves pick a mode).
+        With ``speculative_k_max`` every lease asks for a speculative width (at most that) and ``generate()`` decodes
+        greedily at the width the orchestrator chose; ``emulated_rtt_s`` delays each hop of each step (loopback)."""
         import petals
 
         if orchestrator is None:
+            if speculative_k_max is not None:
+                raise SpecError("speculative_k_max: needs orchestrator=URL (the orchestrator chooses the width)")
             if model_name_or_path is None:
                 raise SpecError("give a model, or orchestrator=URL to serve the orchestrator's model")
             return petals.AutoDistributedModelForCausalLM.from_pretrained(model_name_or_path, *args, **kwargs)
         if model_name_or_path is not None:
             model_name_or_path = _local_model(model_name_or_path)
-        options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label, **(lease_options or {}))
+        options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label, k_max=speculative_k_max,
+                               emulated_rtt_s=emulated_rtt_s, **(lease_options or {}))
         from petals_chain.orchestrator.auth import role_token
 
         orch = BlockingOrchestrator(orchestrator, token=role_token("client", orchestrator_token))

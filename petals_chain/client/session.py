@@ -70,7 +70,7 @@ class LeasedInferenceSession(InferenceSession):
 
         try:
             info = base.orchestrator.run(
-                lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client),
+                lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client, k_max=opts.k_max),
                 timeout_s=opts.timeout_s + 60.0,
             )
         except BaseException as exc:
@@ -273,7 +273,7 @@ class LeasedInferenceSession(InferenceSession):
         """A fresh lease (waits in the orchestrator's queue like any new session)."""
         opts = self._base_manager.options
         return self._base_manager.orchestrator.run(
-            lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client),
+            lambda c: c.lease(timeout_s=opts.timeout_s, ttl_s=opts.ttl_s, client=opts.client, k_max=opts.k_max),
             timeout_s=opts.timeout_s + 60.0,
         )
 

@@ -4,14 +4,15 @@ Each step sends the pending token and up to ``width - 1`` drafted tokens through
 per hop for ``width`` positions), keeps the drafts the model itself would have written, and rolls every server's
 cache back to the last kept position (``start_from_position``, patches/0003). Drafts need no second model: they are
 looked up in the prompt and the text written so far (docs/moldable.md, "Speculative width on the swarm").
-The output is the plain greedy continuation, token for token.
+The output is the plain greedy continuation, token for token. A model loaded with ``speculative_k_max`` does this in
+``model.generate()`` at the width its lease says (docs/moldable.md, "Width through the lease API").
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +25,9 @@ from petals_chain.client.drafts import Drafter, WidthError, check_width, prompt_
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
 
-__all__ = ["RollbackServerSession", "SpeculativeSession", "SpeculativeStats", "WidthError", "check_width",
-           "open_speculative_session", "prompt_lookup_draft", "speculative_generate"]
+__all__ = ["RollbackServerSession", "SpeculativeGenerationMixin", "SpeculativeSession", "SpeculativeStats",
+           "WidthError", "check_width", "open_speculative_session", "prompt_lookup_draft", "speculative_generate",
+           "speculative_model"]
 
 
 class RollbackServerSession(_ServerInferenceSession):
@@ -113,6 +115,7 @@ class SpeculativeStats:
     new_tokens: int = 0
     elapsed_s: float = 0.0
     accepted_per_step: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)  # the width of each step after the prefill
 
     @property
     def tokens_per_step(self) -> float:
@@ -136,11 +139,13 @@ def _next_tokens(model: Any, session: LeasedInferenceSession, ids: list[int]) ->
 
 
 def speculative_generate(model: Any, session: SpeculativeSession, prompt: Sequence[int], max_new_tokens: int,
-                         width: int, *, eos_token_id: int | None = None,
+                         width: int | Callable[[], int], *, eos_token_id: int | Collection[int] | None = None,
                          drafter: Drafter = prompt_lookup_draft) -> tuple[list[int], SpeculativeStats]:
-    """Greedy continuation of ``prompt`` (token ids) verifying up to ``width`` positions per step; returns
-    prompt + new tokens (stopping after ``eos_token_id``, like generate()) and what it did."""
-    width = check_width(width)
+    """Greedy continuation of ``prompt`` (token ids) verifying up to ``width`` positions per step (a callable: asked
+    before every step, e.g. the width the session's lease says now); returns prompt + new tokens (stopping after an
+    ``eos_token_id``, like generate()) and what it did."""
+    width_now = width if callable(width) else (lambda: width)
+    first = check_width(width_now())
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise WidthError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
     tokens = [int(t) for t in prompt]
@@ -148,12 +153,15 @@ def speculative_generate(model: Any, session: SpeculativeSession, prompt: Sequen
         raise WidthError("prompt: give at least one token")
     if session.position != 0:
         raise WidthError(f"session: must be fresh (position 0), it holds {session.position} tokens")
-    stats = SpeculativeStats(width)
+    stops = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    stats = SpeculativeStats(first)
     started = time.perf_counter()
     pending = _next_tokens(model, session, tokens)[-1]  # prefill: the first new token, not yet in the caches
     stats.steps, stats.positions = 1, len(tokens)
     new: list[int] = [pending]
-    while len(new) < max_new_tokens and (eos_token_id is None or new[-1] != eos_token_id):
+    while len(new) < max_new_tokens and new[-1] not in stops:
+        width = check_width(width_now())
+        stats.widths.append(width)
         left = max_new_tokens - len(new)
         drafts = drafter(tokens + new, min(width - 1, left))[: min(width - 1, left)]
         cached = session.position
@@ -163,8 +171,9 @@ def speculative_generate(model: Any, session: SpeculativeSession, prompt: Sequen
             kept += 1
         session.rollback(cached + 1 + kept)  # the pending token and the kept drafts stay cached
         accepted = drafts[:kept] + [predicted[kept]]
-        if eos_token_id is not None and eos_token_id in accepted:
-            accepted = accepted[: accepted.index(eos_token_id) + 1]
+        stop = next((i for i, t in enumerate(accepted) if t in stops), None)
+        if stop is not None:
+            accepted = accepted[: stop + 1]
         new.extend(accepted)
         pending = new[-1]
         stats.steps += 1
@@ -176,3 +185,52 @@ def speculative_generate(model: Any, session: SpeculativeSession, prompt: Sequen
     stats.new_tokens = len(new)
     stats.elapsed_s = time.perf_counter() - started
     return tokens + new, stats
+
+
+GREEDY_KWARGS = frozenset({"input_ids", "max_new_tokens", "do_sample", "num_beams", "eos_token_id", "pad_token_id",
+                           "attention_mask"})
+
+
+class SpeculativeGenerationMixin:
+    """``model.generate()`` of a model whose sessions lease a speculative width (``LeaseOptions.k_max``): greedy
+    decoding of one sequence on a fresh session verifies the number of positions its lease says (asked again before
+    every step: a renew may change it), token-identical to plain greedy decoding. Anything else (sampling, beams, a
+    batch, a session that already holds tokens, ``max_length``) is petals' own generate at width 1."""
+
+    def generate(self, inputs: torch.Tensor | None = None, *args: Any, session: Any = None, **kwargs: Any) -> Any:
+        """See the class docstring; the last speculative run's SpeculativeStats are on ``session.stats``."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if session is None:
+            session = self.transformer.h.active_session
+        mask = kwargs.get("attention_mask")
+        plain = (args or not GREEDY_KWARGS.issuperset(kwargs) or kwargs.get("do_sample") or kwargs.get("num_beams", 1)
+                 != 1 or kwargs.get("max_new_tokens") is None or not torch.is_tensor(ids) or ids.ndim != 2
+                 or ids.shape[0] != 1 or (mask is not None and not bool(torch.all(mask == 1)))
+                 or (session is not None and (not isinstance(session, SpeculativeSession) or session.position != 0)))
+        if plain:
+            return super().generate(inputs, *args, session=session, **kwargs)
+        manager = self.transformer.h.sequence_manager
+        options = manager.options
+        own = session is None
+        if own:
+            session = open_speculative_session(self, ids.shape[1] + kwargs["max_new_tokens"] + options.k_max + 1,
+                                               options.emulated_rtt_s)
+        eos = kwargs.get("eos_token_id", self.generation_config.eos_token_id)
+        try:
+            out, stats = speculative_generate(self, session, ids[0].tolist(), kwargs["max_new_tokens"],
+                                              lambda: (session.lease.width if session.lease else None) or 1,
+                                              eos_token_id=eos)
+        finally:
+            if own:
+                session.close()
+        result = torch.tensor([out], dtype=ids.dtype, device=ids.device)
+        session.stats, session.output_ids = stats, result
+        return result
+
+
+def speculative_model(model: Any) -> Any:
+    """Make a loaded petals model's ``generate()`` speculative (SpeculativeGenerationMixin), in place; returns it."""
+    cls = type(model)
+    if not isinstance(model, SpeculativeGenerationMixin):
+        model.__class__ = type(f"Speculative{cls.__name__}", (SpeculativeGenerationMixin, cls), {})
+    return model

@@ -1,12 +1,14 @@
-"""Moldable jobs on a live swarm: the speculative width k of each session chosen by greedy(p*) from the measured load,
-against fixed k = 1 and fixed maximum k; SmolLM2-135M over two loopback servers with an emulated round trip per hop
-(docs/moldable.md, "Speculative width on the swarm")."""
+"""Moldable jobs on a live swarm: the speculative width k of each session chosen by the orchestrator in its lease reply,
+by greedy(p*) from the load it measures, against fixed k = 1 and fixed maximum k; SmolLM2-135M over two loopback
+servers with an emulated round trip per hop (docs/moldable.md, "Speculative width on the swarm", "Width through the
+lease API")."""
 
 from __future__ import annotations
 
 import json
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ from petals_chain import defaults
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, read_csv, replotting, write_csv
 from petals_chain.model import SpecError
 from petals_chain.moldable.speedup import SpeedUp, concave_hull
-from petals_chain.orchestrator.width import POLICIES, WidthChooser, policy_probabilities
+from petals_chain.orchestrator.width import POLICIES, policy_probabilities
 
 NAME = "moldable_live"
 REPLOT = True  # `--replot` redraws moldable_live.png and its README section from the saved CSVs
@@ -28,8 +30,9 @@ HEADROOM = defaults.TARGET_LOAD
 
 
 def run(args) -> Summary:
-    """Start the swarm, measure s(k), then serve each load under each policy (quick: fewer prompts, 2 loads);
-    ``--replot`` redraws the PNG and the README section from the saved CSVs."""
+    """Measure s(k) (a --quick run reuses the profile saved by an earlier run, if any), start the swarm whose
+    orchestrator chooses widths from that profile, then serve each load under each policy (quick: fewer prompts, 2
+    loads); ``--replot`` redraws the PNG and the README section from the saved CSVs."""
     if args.quick:
         n_prompts, new_tokens, loads, window_s = 3, 24, (0.3, 0.7), 60.0
     else:
@@ -39,52 +42,92 @@ def run(args) -> Summary:
         chain = _saved_chain(args.out / f"{NAME}.json")
         return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
                        read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings)
-    calib, sessions, chain = _live(args, n_prompts, new_tokens, loads, window_s)
-    return _report(args, calib, sessions, chain, settings)
+    profile = args.out / f"{NAME}_speedup.csv"
+    reused = args.quick and profile.is_file()
+    calib = read_csv(profile) if reused else _calibrate(n_prompts, new_tokens)
+    for row in calib:
+        row["width"] = int(row["width"])
+    if not reused:
+        write_csv(profile, calib)
+    sessions, chain = _live(args, profile, calib[0]["service_s"], new_tokens, loads, window_s, _prompts(n_prompts))
+    return _report(args, calib, sessions, chain, settings, reused=reused)
 
 
-def _live(args, n_prompts: int, new_tokens: int, loads: tuple[float, ...],
-          window_s: float) -> tuple[list[dict], list[dict], str]:
-    """The live part: swarm up, s(k) calibration, every (load, policy) cell; the rows and the chain served."""
-    from transformers import AutoTokenizer
+def _prompts(n: int) -> tuple[str, ...]:
+    """The first ``n`` prompts of the load generator."""
+    from petals_chain.loopback.speculative_load import PROMPTS
 
-    from petals_chain import AutoDistributedModelForCausalLM
-    from petals_chain.client.model import close_client
-    from petals_chain.loopback.speculative_load import PROMPTS, measure_speedup, serve_load
+    return PROMPTS[:n]
+
+
+def _swarm(logs: Path, extra: tuple[str, ...] = ()):
+    """The loopback swarm of this experiment: two SmolLM2 servers, one chain of UNITS slots."""
     from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
 
     if not (MODEL / "model.safetensors").is_file():
         raise SpecError(f"model: {MODEL} is missing; run scripts/prepare_model.sh")
-    prompts = PROMPTS[:n_prompts]
-    seq = np.random.SeedSequence(args.seed)
     plans = [ServerPlan("a", "260MB"), ServerPlan("b", "260MB")]
-    with tempfile.TemporaryDirectory(prefix="moldable-live-") as logs, \
-            LocalSwarm(MODEL, plans, log_dir=Path(logs), model_name="SmolLM2-135M-Instruct", max_length=128,
-                       arrival_rate=0.2, c=UNITS) as sw:
+    return LocalSwarm(MODEL, plans, log_dir=logs, model_name="SmolLM2-135M-Instruct", max_length=128,
+                      arrival_rate=0.2, c=UNITS, orchestrator_args=extra)
+
+
+def _calibrate(n_prompts: int, new_tokens: int) -> list[dict]:
+    """s(k) of lone sessions at every width on a swarm of its own (widths fixed by the client)."""
+    from transformers import AutoTokenizer
+
+    from petals_chain import AutoDistributedModelForCausalLM
+    from petals_chain.client.model import close_client
+    from petals_chain.loopback.speculative_load import measure_speedup
+
+    with tempfile.TemporaryDirectory(prefix="moldable-calib-") as logs, _swarm(Path(logs)) as sw:
         sw.start(timeout_s=600)
-        spans = sw.get("/chains")["chains"][0]["spans"]
         model = AutoDistributedModelForCausalLM.from_pretrained(str(MODEL), orchestrator=sw.url,
                                                                lease_timeout_s=600.0)
+        try:
+            return measure_speedup(model, AutoTokenizer.from_pretrained(str(MODEL)), WIDTHS, new_tokens, RTT_S,
+                                   prompts=_prompts(n_prompts))
+        finally:
+            close_client(model)
+
+
+def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, ...],
+          window_s: float, prompts: tuple[str, ...]) -> tuple[list[dict], str]:
+    """Every (load, policy) cell on a swarm whose orchestrator chooses the widths (--width, --speedup-profile): the
+    client leases with k_max = the widest width and decodes with model.generate(); the policy is switched between
+    cells (POST /width, the cell's arrival rate as the prior). The rows and the chain served."""
+    from transformers import AutoTokenizer
+
+    from petals_chain import AutoDistributedModelForCausalLM
+    from petals_chain.client.model import close_client
+    from petals_chain.loopback.speculative_load import serve_load
+    from petals_chain.loopback.swarm import http_json
+
+    seq = np.random.SeedSequence(args.seed)
+    extra = ("--width", "greedy-p", "--speedup-profile", str(profile), "--width-seed", str(args.seed))
+    with tempfile.TemporaryDirectory(prefix="moldable-live-") as logs, _swarm(Path(logs), extra) as sw:
+        sw.start(timeout_s=600)
+        spans = sw.get("/chains")["chains"][0]["spans"]
+        units = sw.get("/width")["units"]
+        model = AutoDistributedModelForCausalLM.from_pretrained(str(MODEL), orchestrator=sw.url,
+                                                               lease_timeout_s=600.0, speculative_k_max=max(WIDTHS),
+                                                               emulated_rtt_s=RTT_S)
         tok = AutoTokenizer.from_pretrained(str(MODEL))
         try:
-            calib = measure_speedup(model, tok, WIDTHS, new_tokens, RTT_S, prompts=prompts)
-            speedup = fit(calib)
-            t1 = calib[0]["service_s"]
             sessions = []
             cells = []
             for load, per_load in zip(loads, seq.spawn(len(loads))):
-                arrivals, *widths = per_load.spawn(1 + len(POLICIES))  # the same arrivals for every policy
-                cells += [(load, policy, arrivals, w) for policy, w in zip(POLICIES, widths)]
-            for load, policy, arrivals, width_seed in tqdm(cells, desc="load × policy cells"):
-                rng_arrivals, rng_width = np.random.default_rng(arrivals), np.random.default_rng(width_seed)
-                chooser = WidthChooser(UNITS, speedup, policy, rng_width, mean_size_s=t1,
-                                       mean_interarrival_s=t1 / (load * UNITS), headroom=HEADROOM)
-                rate = load * UNITS / t1
-                sessions += [r.row() for r in serve_load(model, tok, chooser, load, rate, window_s, new_tokens,
-                                                         RTT_S, rng_arrivals, prompts)]
+                cells += [(load, policy, per_load) for policy in POLICIES]  # the same arrivals for every policy
+            for load, policy, arrivals in tqdm(cells, desc="load × policy cells"):
+                rate = load * units / t1
+                http_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate},
+                          token=sw.api_token or sw.token)
+                rows = serve_load(model, tok, policy, load, rate, window_s, new_tokens,
+                                  np.random.default_rng(arrivals), prompts)
+                measured = sw.get("/width")
+                sessions += [{**r.row(), "measured_load": measured["load"]} for r in rows]
         finally:
             close_client(model)
-    return calib, sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
+    return sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
 
 
 def _saved_chain(path: Path) -> str:
@@ -103,7 +146,8 @@ def fit(calib: list[dict]) -> SpeedUp:
     return concave_hull([int(r["width"]) for r in calib], [r["tokens_per_s"] for r in calib])
 
 
-def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int]) -> Summary:
+def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int],
+            reused: bool = False) -> Summary:
     """Fit, summarise, write the CSVs (not when replotting) and the PNG; the Summary for results/README.md."""
     speedup = fit(calib)
     for row in calib:
@@ -115,14 +159,19 @@ def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings:
         write_csv(args.out / f"{NAME}_sessions.csv", sessions)
     write_csv(args.out / f"{NAME}.csv", rows)
     _plot(calib, speedup, rows, args.out / f"{NAME}.png")
+    lines = _lines(calib, speedup, rows, chain, *settings)
+    if reused:
+        lines.insert(1, "s(k): the profile an earlier run of this experiment measured on this machine (a --quick run "
+                        "reuses it; the orchestrator loads the same file with --speedup-profile)")
     return Summary(NAME, "speculative width by greedy(p*) on a live swarm",
                    f"python -m petals_chain.experiments moldable-live{' --quick' if args.quick else ''} "
-                   f"--seed {args.seed}", _lines(calib, speedup, rows, chain, *settings),
+                   f"--seed {args.seed}", lines,
                    data={"speedup": list(speedup.s), "chain": chain, "rows": rows, "calibration": calib})
 
 
 def _summarise(sessions: list[dict], speedup) -> list[dict]:
-    """Per load and policy: sessions, mean response (95 % CI), wait, service, tokens per second, mean width."""
+    """Per load and policy: sessions, mean response (95 % CI), wait, service, tokens per second, the widths the
+    orchestrator chose (mean and counts) and the load it measured at the end of the cell."""
     rows = []
     for load in sorted({s["load"] for s in sessions}):
         for policy in POLICIES:
@@ -136,7 +185,10 @@ def _summarise(sessions: list[dict], speedup) -> list[dict]:
                          "response_ci_s": resp_ci, "wait_s": float(np.mean([s["wait_s"] for s in mine])),
                          "service_s": float(np.mean([s["service_s"] for s in mine])), "tokens_per_s": tps,
                          "tokens_per_s_ci": tps_ci, "mean_width": float(np.mean([s["width"] for s in mine])),
-                         "law_mean_width": float(np.dot(np.arange(1, p.size + 1), p))})
+                         "law_mean_width": float(np.dot(np.arange(1, p.size + 1), p)),
+                         "widths": " ".join(f"{k}:{n}" for k, n in sorted(Counter(int(s["width"]) for s in mine)
+                                                                          .items())),
+                         "measured_load": float(mine[-1].get("measured_load", float("nan")))})
     return rows
 
 
@@ -145,8 +197,10 @@ def _lines(calib: list[dict], speedup, rows: list[dict], hops: str, new_tokens: 
     """Headlines: s(k) measured and fitted, then per load each policy and which one wins, said plainly."""
     base = calib[0]["tokens_per_s"]
     out = [f"SmolLM2-135M, chain {hops}, emulated RTT {RTT_S * 1e3:.0f} ms per hop per step, {new_tokens} new "
-           f"tokens per session, {n_prompts} prompts, prompt-lookup drafts; {UNITS} width units, headroom "
-           f"ρ̄ = {HEADROOM}; Poisson arrivals for {window_s:.0f} s per cell",
+           f"tokens per session, {n_prompts} prompts, prompt-lookup drafts; the orchestrator chooses each "
+           f"session's width in its lease reply (--width, POST /width between cells) over {UNITS} width units "
+           f"(the chain's slots), headroom ρ̄ = {HEADROOM}; the client decodes with model.generate(); Poisson "
+           f"arrivals for {window_s:.0f} s per cell, the same arrivals for every policy",
            "measured s(k), k = 1..8 (tokens/s over k = 1): "
            + ", ".join(f"{r['tokens_per_s'] / base:.2f}" for r in calib)
            + "; tokens/step " + ", ".join(f"{r['tokens_per_step']:.2f}" for r in calib),
@@ -163,13 +217,16 @@ def _lines(calib: list[dict], speedup, rows: list[dict], hops: str, new_tokens: 
         cell = {r["policy"]: r for r in rows if r["load"] == load}
         out.append(f"load {load:.2f}: " + "; ".join(
             f"{p} response {r['response_s']:.2f} ± {r['response_ci_s']:.2f} s (wait {r['wait_s']:.2f} s), "
-            f"{r['tokens_per_s']:.2f} tok/s, width {r['mean_width']:.2f}, n = {r['sessions']}"
+            f"{r['tokens_per_s']:.2f} tok/s, width {r['mean_width']:.2f} (k:count {r.get('widths', '?')}), "
+            f"n = {r['sessions']}"
             for p, r in cell.items()))
         if len(cell) == len(POLICIES):
             out.append(f"load {load:.2f}: {verdict(cell)}")
             top = cell["fixed-max"]
-            out.append(f"load {load:.2f}: fixed width {top['mean_width']:.0f} waited {top['wait_s']:.1f} s on average "
-                       f"(greedy(p*) {cell['greedy-p']['wait_s']:.1f} s, fixed 1 {cell['fixed-1']['wait_s']:.1f} s)")
+            out.append(f"load {load:.2f}: fixed-max (mean width {top['mean_width']:.2f}) waited {top['wait_s']:.1f} s "
+                       f"for a lease on average (greedy(p*) {cell['greedy-p']['wait_s']:.1f} s, fixed 1 "
+                       f"{cell['fixed-1']['wait_s']:.1f} s); load the orchestrator measured at the end: greedy(p*) "
+                       f"{cell['greedy-p'].get('measured_load', float('nan')):.2f}")
     return out
 
 

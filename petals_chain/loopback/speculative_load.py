@@ -1,6 +1,6 @@
 """Speculative decoding on a loopback swarm: measure the tokens per second at each width k, then serve Poisson arrivals
-whose widths a WidthChooser picks (greedy(p*), fixed 1, fixed max), recording every session
-(docs/moldable.md, "Speculative width on the swarm")."""
+whose widths the orchestrator picks in their leases (greedy(p*), fixed 1, fixed max), recording every session
+(docs/moldable.md, "Speculative width on the swarm", "Width through the lease API")."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from petals_chain.client.speculative import open_speculative_session, speculative_generate
-from petals_chain.orchestrator.width import WidthChooser
 
 # Prompts where looking the next tokens up in the text helps some of the time: copying, lists, code edits.
 PROMPTS = (
@@ -29,7 +29,8 @@ PROMPTS = (
 
 @dataclass(frozen=True)
 class SessionResult:
-    """One session of a load run: when it arrived, its width, wait, service and response times, tokens."""
+    """One session of a load run: when it arrived, its (first) width, wait for its lease, service and response
+    times, tokens."""
 
     policy: str
     load: float
@@ -44,7 +45,7 @@ class SessionResult:
 
     @property
     def response_s(self) -> float:
-        """Waiting for width units + service."""
+        """Waiting for the lease + service."""
         return self.wait_s + self.service_s
 
     def row(self) -> dict:
@@ -83,30 +84,35 @@ def measure_speedup(model, tokenizer, widths: Sequence[int], new_tokens: int, rt
     return rows
 
 
-def serve_load(model, tokenizer, chooser: WidthChooser, load: float, arrival_rate_per_s: float, window_s: float,
-               new_tokens: int, rtt_s: float, rng: np.random.Generator,
-               prompts: Sequence[str] = PROMPTS, clock: Callable[[], float] = time.monotonic) -> list[SessionResult]:
-    """Poisson arrivals for ``window_s`` seconds, each a thread that waits for its width and generates; returns
-    every session once all have finished."""
+def serve_load(model, tokenizer, policy: str, load: float, arrival_rate_per_s: float, window_s: float,
+               new_tokens: int, rng: np.random.Generator, prompts: Sequence[str] = PROMPTS,
+               clock: Callable[[], float] = time.monotonic) -> list[SessionResult]:
+    """Poisson arrivals for ``window_s`` seconds, each a thread that leases a session (waiting in the orchestrator's
+    queue), decodes with ``model.generate()`` at the width the lease says and closes it; ``model`` must be loaded
+    with ``speculative_k_max`` from an orchestrator choosing widths by ``policy`` (POST /width). Returns every
+    session once all have finished."""
     results: list[SessionResult] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
     t0 = clock()
+    k_max = model.transformer.h.sequence_manager.options.k_max
 
-    def session(ticket: int, arrived: float, prompt: str) -> None:
-        """Wait for a width, generate, give the width back."""
+    def session(arrived: float, prompt: str) -> None:
+        """Lease (the width comes with it), generate, release."""
         try:
-            width = chooser.start(ticket, timeout_s=600)
+            ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+            s = model.transformer.h.open_session(ids.shape[1] + new_tokens + k_max + 1)
             started = clock()
             try:
-                stats = _one(model, tokenizer, prompt, new_tokens, width, rtt_s)
+                model.generate(ids, max_new_tokens=new_tokens, do_sample=False, session=s,
+                               eos_token_id=tokenizer.eos_token_id)
             finally:
+                s.close()
                 done = clock()
-                chooser.finish(width, done - started)
+            st = s.stats
             with lock:
-                results.append(SessionResult(chooser.policy, load, arrived - t0, width, started - arrived,
-                                             done - started, stats.new_tokens, stats.steps, stats.accepted,
-                                             stats.drafted))
+                results.append(SessionResult(policy, load, arrived - t0, st.width, started - arrived, done - started,
+                                             st.new_tokens, st.steps, st.accepted, st.drafted))
         except BaseException as exc:  # reported after the run
             errors.append(exc)
 
@@ -114,9 +120,7 @@ def serve_load(model, tokenizer, chooser: WidthChooser, load: float, arrival_rat
     t_next = t0 + rng.exponential(1.0 / arrival_rate_per_s)
     while t_next < t0 + window_s:
         time.sleep(max(0.0, t_next - clock()))
-        ticket = chooser.arrive(t_next)
-        th = threading.Thread(target=session, args=(ticket, t_next, prompts[int(rng.integers(len(prompts)))]),
-                              daemon=True)
+        th = threading.Thread(target=session, args=(t_next, prompts[int(rng.integers(len(prompts)))]), daemon=True)
         th.start()
         threads.append(th)
         t_next += rng.exponential(1.0 / arrival_rate_per_s)

@@ -325,8 +325,16 @@ async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.LeaseBody, required=False)
+    widths = orch.widths
+    if body.k_max is not None and widths is None:
+        raise BadRequestError("field 'k_max': this orchestrator chooses no speculative widths (start it with --width "
+                              "and --speedup-profile)", ["k_max"])
+    if widths is not None:
+        widths.arrival()
     lease = await orch.leases.acquire(timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client,
                                       request_id=body.request_id)
+    if body.k_max is not None:
+        widths.grant(lease, body.k_max)
     return _json(orch.lease_json(lease))
 
 
@@ -335,6 +343,8 @@ async def _renew(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.RenewBody, required=False)
     lease = orch.leases.renew(request.match_info["lease_id"], body.ttl_s)
+    if orch.widths is not None:
+        orch.widths.renew(lease.lease_id)  # the width may be cut back while units are over-committed
     reply = orch.lease_json(lease)
     target = orch.leases.offer(lease.lease_id) if hasattr(orch.leases, "offer") else None
     if target is not None:  # a move was decided: the holder moves at its next step boundary
@@ -347,6 +357,8 @@ async def _migrated(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, MigratedBody, required=False)
     lease = _moving(orch).complete(request.match_info["lease_id"], body.mode, body.seconds)
+    if orch.widths is not None:
+        orch.widths.carry(request.match_info["lease_id"], lease)
     return _json(orch.lease_json(lease))
 
 
@@ -367,6 +379,20 @@ async def _migrations(request: web.Request) -> web.Response:
     return _json(leases.migration_json())
 
 
+async def _width(request: web.Request) -> web.Response:
+    """GET /width: the width policy, the measured load, the law now and the widths chosen and held; POST {policy,
+    arrival_rate?}: switch the policy and measure afresh (an operator's switch, e.g. to compare policies on one
+    swarm)."""
+    orch = request.app[ORCH_KEY]
+    if orch.widths is None:
+        raise BadRequestError("this orchestrator chooses no speculative widths (start it with --width and "
+                              "--speedup-profile)")
+    if request.method == "POST":
+        body = await bodies.read(request, bodies.WidthBody)
+        orch.widths.set_policy(body.policy, body.arrival_rate)
+    return _json(orch.widths.to_json())
+
+
 def _moving(orch: Orchestrator) -> MigratingLeaseManager:
     """The orchestrator's lease manager if it moves sessions, else a 400."""
     if not isinstance(orch.leases, MigratingLeaseManager):
@@ -381,6 +407,8 @@ async def _release(request: web.Request) -> web.Response:
     await bodies.read(request, bodies.ReleaseBody, required=False)
     lease = orch.leases.release(request.match_info["lease_id"])
     held = orch.clock() - lease.granted_s
+    if orch.widths is not None:
+        orch.widths.release(lease, held)
     return _json({"lease_id": lease.lease_id, "released": True, "held_s": held})
 
 
@@ -390,6 +418,8 @@ async def _report_failure(request: web.Request) -> web.Response:
     body = await bodies.read(request, bodies.ReportFailureBody)
     lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
                                       ttl_s=body.ttl_s, reporter=request.remote)
+    if orch.widths is not None:
+        orch.widths.carry(request.match_info["lease_id"], lease)
     return _json(orch.lease_json(lease))
 
 
@@ -424,6 +454,8 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     app.router.add_get("/servers/{name}/drain", _drain)
     app.router.add_get("/migrations", _migrations)
     app.router.add_post("/migrations", _migrations)
+    app.router.add_get("/width", _width)
+    app.router.add_post("/width", _width)
     app.router.add_post("/lease", _lease)
     app.router.add_post("/lease/{lease_id}/renew", _renew)
     app.router.add_post("/lease/{lease_id}/release", _release)

@@ -163,6 +163,8 @@ POLICY: dict[tuple[str, str], tuple[str, ...]] = {
     ("GET", "/servers/{name}/drain"): (SELF, Role.OPERATOR),
     ("GET", "/migrations"): (Role.CLIENT, Role.OPERATOR),
     ("POST", "/migrations"): (Role.OPERATOR,),
+    ("GET", "/width"): (Role.CLIENT, Role.OPERATOR),
+    ("POST", "/width"): (Role.OPERATOR,),
     ("POST", "/lease/{lease_id}/migrated"): (Role.CLIENT,),
     ("POST", "/lease/{lease_id}/migration-failed"): (Role.CLIENT,),
     ("POST", "/lease"): (Role.CLIENT,),

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from petals_chain import defaults
+from petals_chain.client.drafts import MAX_WIDTH
 from petals_chain.orchestrator.registry import MAX_TIME_S
 
 DEFAULT_WAIT_S = defaults.LEASE_WAIT_S  # how long POST /lease waits for a chain when the body does not say
@@ -68,6 +69,7 @@ Label = Annotated[StrictStr, Field(max_length=MAX_LABEL_CHARS)]
 ServerName = Annotated[StrictStr, Field(min_length=1, max_length=128)]
 Handle = Annotated[StrictStr, Field(min_length=1, max_length=512)]
 BlockIndex = Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK_INDEX)]
+Width = Annotated[StrictInt, Field(ge=1, le=MAX_WIDTH)]
 
 
 class RegisterBody(Body):
@@ -125,6 +127,14 @@ class LeaseBody(Body):
     ttl_s: TtlSeconds | None = None  # None: the orchestrator's lease TTL
     client: Label | None = None
     request_id: Label | None = None  # the client's handle, the same on its retries: finds its lease or place in line
+    k_max: Width | None = None  # the client decodes speculatively, verifying up to k_max positions per step
+
+
+class WidthBody(Body):
+    """POST /width (operator): switch the width policy and measure afresh (optionally from this arrival rate)."""
+
+    policy: Annotated[StrictStr, Field(min_length=1, max_length=32)]
+    arrival_rate: Annotated[StrictFloat, Field(gt=0.0, le=1e6, allow_inf_nan=False)] | None = None
 
 
 class RenewBody(Body):

@@ -36,6 +36,7 @@ from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.width import POLICIES, WIDTH_METHODS
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.cli_args import (
     OneLineParser,
@@ -51,6 +52,7 @@ from petals_chain.cli_args import (
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.persist import Persistence
+    from petals_chain.orchestrator.width_leases import LeaseWidths
 
 TOKEN_ENV = SHARED_ENV
 LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
@@ -126,6 +128,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s.add_argument("--migration", default="none", choices=MIGRATION_POLICIES,
                    help="move running sessions between chains: 'jffc' moves the slowest busy chain's session to a "
                         "faster chain's freed slot (JFFC with migration); drains work either way (default none)")
+    s.add_argument("--width", default=None, choices=POLICIES,
+                   help="choose the speculative width of each lease that asks for one (k_max): "
+                        + "; ".join(f"{m.name}: {m.help}" for m in WIDTH_METHODS.values())
+                        + " (default: off; needs --speedup-profile; the headroom is --target-load)")
+    s.add_argument("--speedup-profile", default=None, metavar="FILE",
+                   help="the measured s(k) for --width: CSV or JSON rows with width and tokens_per_s (concave hull "
+                        "fitted) or speedup (a concave table), optionally service_s at width 1 (e.g. the "
+                        "moldable-live experiment's moldable_live_speedup.csv)")
+    s.add_argument("--width-seed", type=count_arg, default=None, help="seed of the width draws (default: random)")
     s.add_argument("--max-waiting", type=count_arg, default=defaults.MAX_WAITING,
                    help="most lease requests allowed to wait at once")
     s.add_argument("--offer-unready-chains", action="store_true",
@@ -242,11 +253,36 @@ def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
         lease_manager=_lease_manager(method, args),
     )
     orch.model_source = model_source
+    orch.widths = lease_widths(args, orch)
     if planned:
         orch.recompose_now()
         if registry.composition is None:
             print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
     return orch, method
+
+
+def lease_widths(args: argparse.Namespace, orch: Orchestrator) -> LeaseWidths | None:
+    """With --width: the width rule over the orchestrator's leases, s(k) from --speedup-profile; the priors of the
+    measured load are the profile's service time at width 1 and the composition's --arrival-rate."""
+    width, profile = getattr(args, "width", None), getattr(args, "speedup_profile", None)
+    if width is None:
+        if profile is not None:
+            raise SpecError("--speedup-profile: give --width too (the profile is only read to choose widths)")
+        return None
+    if profile is None:
+        raise SpecError(f"--width {width}: give --speedup-profile FILE (the measured s(k) it chooses from)")
+    if orch.leases.__class__ is WsRrLeaseManager:
+        raise SpecError(f"--width: needs JFFC leases; method {args.method!r} routes each request")
+    import numpy as np
+
+    from petals_chain.orchestrator.width import speedup_profile
+    from petals_chain.orchestrator.width_leases import LeaseWidths
+
+    speedup, service_s = speedup_profile(profile)
+    gap_s = 1.0 / orch.registry.arrival_rate
+    return LeaseWidths(orch.leases, speedup, width, np.random.default_rng(args.width_seed),
+                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s,
+                       headroom=orch.registry.target_load, clock=orch.clock)
 
 
 def _lease_manager(method: Method, args: argparse.Namespace) -> Callable[..., LeaseManager]:

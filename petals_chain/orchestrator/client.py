@@ -75,6 +75,7 @@ class LeaseInfo:
     waited_s: float
     replaces: str | None = None
     migrate_to: LeaseInfo | None = None  # on a renew reply: the lease the orchestrator reserved for a move
+    width: int | None = None  # the speculative width the orchestrator chose (a request with k_max), else None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> LeaseInfo:
@@ -82,7 +83,7 @@ class LeaseInfo:
         spans = tuple(Span(s["server"], s.get("peer_id"), s.get("address"), s["start"], s["end"]) for s in d["spans"])
         move = cls.from_json(d["migrate_to"]) if d.get("migrate_to") else None
         return cls(d["lease_id"], d["chain_id"], d["version"], spans, d["ttl_s"], d["waited_s"], d.get("replaces"),
-                   move)
+                   move, d.get("width"))
 
 
 @dataclass(frozen=True)
@@ -197,11 +198,15 @@ class OrchestratorClient:
     # ---- leases ---------------------------------------------------------------------------------
 
     async def lease(self, *, timeout_s: float = defaults.LEASE_WAIT_S, ttl_s: float | None = None,
-                    client: str | None = None, request_id: str | None = None) -> LeaseInfo:
-        """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up.
+                    client: str | None = None, request_id: str | None = None,
+                    k_max: int | None = None) -> LeaseInfo:
+        """Wait (long-poll, at most timeout_s) for a chain; 503 OrchestratorError if none frees up. With ``k_max``
+        (speculative decoding, at most k_max positions per step) the reply's ``width`` is the one to use.
 
         Retries (an orchestrator restarting) carry the same ``request_id`` (a fresh random one by default)."""
         body: dict[str, Any] = {"timeout_s": timeout_s, "request_id": request_id or secrets.token_hex(16)}
+        if k_max is not None:
+            body["k_max"] = k_max
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         if client is not None:
@@ -213,6 +218,15 @@ class OrchestratorClient:
         """Keep a lease alive for another TTL."""
         body = {"ttl_s": ttl_s} if ttl_s is not None else None
         return LeaseInfo.from_json(await self._call("POST", f"/lease/{lease_id}/renew", body))
+
+    async def width(self, policy: str | None = None, arrival_rate: float | None = None) -> dict[str, Any]:
+        """GET /width (the width rule's state), or with ``policy`` POST it (operator: switch, measure afresh)."""
+        if policy is None:
+            return await self._call("GET", "/width")
+        body: dict[str, Any] = {"policy": policy}
+        if arrival_rate is not None:
+            body["arrival_rate"] = arrival_rate
+        return await self._call("POST", "/width", body)
 
     async def release(self, lease_id: str) -> dict[str, Any]:
         """Give the slot back (the next waiting request gets it)."""

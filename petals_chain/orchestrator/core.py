@@ -28,6 +28,7 @@ from petals_chain.orchestrator.registry import Registry, ServerRecord
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.trust import Trust
+    from petals_chain.orchestrator.width_leases import LeaseWidths
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Orchestrator:
         self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
         self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
         self.model_source: dict[str, Any] | None = None  # with --model: {"source", "torch_dtype", "quant_type", ...}
+        self.widths: LeaseWidths | None = None  # with --width: the speculative width of each lease that asks for one
         # Called after every registration and recomposition (persist.py saves the registry there, --state-dir).
         self.on_change: Callable[[], None] | None = None
         # Awaited before the API answers a request (persist.py: until what it changed is committed), when set.
@@ -240,6 +242,9 @@ class Orchestrator:
             }
             for s in lease.chain.spans
         ]
+        width = self.widths.width(lease.lease_id) if self.widths is not None else None
+        if width is not None:
+            out["width"] = width
         return out
 
     # ---- housekeeping ---------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class OrchestratorCollector(Collector):
         yield from self._servers()
         yield from self._chains()
         yield from self._migrations()
+        yield from self._widths()
 
     def _summary(self) -> Iterator[Metric]:
         """The one-glance gauges and the info metric."""
@@ -233,6 +234,30 @@ class OrchestratorCollector(Collector):
             service.add_metric(label, chain.service_time_s)
             offered.add_metric(label, 1 if id(chain) in busy else 0)
         yield from (capacity, occupancy, service, offered)
+
+    def _widths(self) -> Iterator[Metric]:
+        """With --width: the widths chosen so far and held now, the measured load and the units (none without)."""
+        widths = self._orch.widths
+        if widths is None:
+            return
+        view = widths.to_json()
+        chosen = CounterMetricFamily(f"{PREFIX}_width_chosen", "Speculative widths handed out in lease replies.",
+                                     labels=["width"])
+        active = GaugeMetricFamily(f"{PREFIX}_width_active_leases", "Speculative leases held now, by width.",
+                                   labels=["width"])
+        for k in range(1, widths.rule.speedup.d + 1):
+            chosen.add_metric([str(k)], view["chosen"].get(str(k), 0))
+            active.add_metric([str(k)], view["active"].get(str(k), 0))
+        yield chosen
+        yield active
+        yield GaugeMetricFamily(f"{PREFIX}_width_load", "Measured load lambda of the width rule (width-1 work per "
+                                "unit).", value=view["load"])
+        yield GaugeMetricFamily(f"{PREFIX}_width_units", "Width units: the slots of the chains offered.",
+                                value=view["units"])
+        yield GaugeMetricFamily(f"{PREFIX}_width_units_in_use", "Width units held by leases (a speculative one its "
+                                "width, any other one).", value=view["units_in_use"])
+        yield InfoMetricFamily(f"{PREFIX}_width", "The width policy (--width) and its simulator scheme.",
+                               value={"policy": view["policy"], "scheme": view["scheme"] or ""})
 
 
     def _migrations(self) -> Iterator[Metric]:

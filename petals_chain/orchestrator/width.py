@@ -1,5 +1,5 @@
 """Each session's speculative width by greedy(p*) from the measured load, with headroom (docs/moldable.md,
-"Speculative width on the swarm").
+"Speculative width on the swarm"); the method table, the width rule and the measured s(k) profile.
 
 The swarm offers ``units`` width units; a session verifying ``k`` positions per step holds ``k`` of them. The load
 is λ = (arrival rate) · E[S] / units, with E[S] a session's service time at width 1; both are measured (EWMA). The
@@ -9,19 +9,50 @@ cut to the free units, the rule of ``petals_chain.moldable.policies.allocate``. 
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 import threading
-from collections import deque
+from collections import Counter, deque
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from petals_chain import defaults
+from petals_chain.client.drafts import check_width
 from petals_chain.model import SpecError
-from petals_chain.moldable.optimal import optimal_allocation
-from petals_chain.moldable.policies import allocate
-from petals_chain.moldable.speedup import SpeedUp
+from petals_chain.moldable.policies import allocate, scheme_probabilities
+from petals_chain.moldable.speedup import SpeedUp, concave_hull
 
-POLICIES = ("greedy-p", "fixed-1", "fixed-max")
+@dataclass(frozen=True)
+class WidthMethod:
+    """One way of choosing widths: its name, the simulator's scheme it is (``moldable.policies.SCHEMES``, where one
+    exists) and what it does, for --help and the docs."""
+
+    name: str
+    scheme: str | None
+    help: str
+
+
+# The method table (one place): the orchestrator's --width, the moldable-live experiment's arms and the simulator's
+# schemes where they coincide (fixed-max is the paper's greedy, min(d, free)).
+WIDTH_METHODS: dict[str, WidthMethod] = {
+    "greedy-p": WidthMethod("greedy-p", "greedy-p",
+                            "Theorem 1's p* at the measured load over the headroom, cut to the free units"),
+    "fixed-1": WidthMethod("fixed-1", None, "width 1 always (plain greedy decoding)"),
+    "fixed-max": WidthMethod("fixed-max", "greedy", "the widest width d, cut to the free units (the paper's greedy)"),
+}
+POLICIES = tuple(WIDTH_METHODS)
+
+
+def width_method(policy: str) -> WidthMethod:
+    """The row of ``policy`` in WIDTH_METHODS; SpecError naming the field otherwise."""
+    method = WIDTH_METHODS.get(policy)
+    if method is None:
+        raise SpecError(f"policy: unknown width policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return method
 
 
 def check_headroom(headroom: float) -> float:
@@ -29,6 +60,13 @@ def check_headroom(headroom: float) -> float:
     if not (isinstance(headroom, (int, float)) and math.isfinite(headroom) and 0 < headroom <= 1):
         raise SpecError(f"headroom: must be in (0, 1], got {headroom!r}")
     return float(headroom)
+
+
+def capped(speedup: SpeedUp, k_max: int | None) -> SpeedUp:
+    """The speed-up restricted to widths 1..k_max (a client that verifies at most k_max positions per step)."""
+    if k_max is None or k_max >= speedup.d:
+        return speedup
+    return SpeedUp(speedup.s[:check_width(k_max, "k_max")])
 
 
 def width_probabilities(speedup: SpeedUp, load: float, headroom: float = defaults.TARGET_LOAD) -> np.ndarray:
@@ -44,22 +82,21 @@ def width_probabilities(speedup: SpeedUp, load: float, headroom: float = default
     elif scaled <= 0.0:
         p[-1] = 1.0
     else:
-        p = optimal_allocation(speedup, scaled).p.copy()
+        p = scheme_probabilities(speedup, scaled, "greedy-p")
     return p
 
 
 def policy_probabilities(policy: str, speedup: SpeedUp, load: float,
                          headroom: float = defaults.TARGET_LOAD) -> np.ndarray:
-    """The width law of a policy: greedy(p*) (``width_probabilities``), fixed width 1, or fixed width d."""
-    if policy == "greedy-p":
+    """The width law of a policy (WIDTH_METHODS): greedy(p*) (``width_probabilities``), fixed width 1, or the
+    simulator's greedy (all mass on d)."""
+    scheme = width_method(policy).scheme
+    if scheme == "greedy-p":
         return width_probabilities(speedup, load, headroom)
+    if scheme is not None:
+        return scheme_probabilities(speedup, load, scheme)
     p = np.zeros(speedup.d)
-    if policy == "fixed-1":
-        p[0] = 1.0
-    elif policy == "fixed-max":
-        p[-1] = 1.0
-    else:
-        raise SpecError(f"policy: unknown width policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    p[0] = 1.0
     return p
 
 
@@ -80,13 +117,12 @@ class RateMeter:
         self.mean += self.weight * (value - self.mean)
 
 
-class WidthChooser:
-    """The orchestrator's width rule over ``units`` width units, with a FIFO of sessions waiting for a unit.
+class WidthPolicy:
+    """The width rule over ``units`` width units, without a queue of its own: the measured load (EWMA of the
+    inter-arrival times and of the sizes at width 1) and the draw ``min(I, free)``, I from the policy's law.
 
-    ``arrive(now)`` records an arrival and returns a ticket; ``start(ticket)`` blocks until the ticket is at the head
-    of the queue and a unit is free, then returns its width (min(I, free), I drawn from the policy's law at the
-    measured load); ``finish(width, service_s)`` frees the units and measures the session's size at width 1.
-    Thread-safe; all draws from ``rng``.
+    The orchestrator (``orchestrator/width_leases.py``) uses it behind its lease queue; :class:`WidthChooser` adds a
+    FIFO for in-process use. All draws from ``rng``.
     """
 
     def __init__(self, units: int, speedup: SpeedUp, policy: str, rng: np.random.Generator, *,
@@ -97,30 +133,72 @@ class WidthChooser:
         policy_probabilities(policy, speedup, 0.5, headroom)  # validates policy and headroom
         self.units, self.speedup, self.policy, self.rng = units, speedup, policy, rng
         self.headroom = headroom
+        self.weight = weight
         self.size = RateMeter(mean_size_s, weight)
         self.gap = RateMeter(mean_interarrival_s, weight)
-        self.free = units
         self._last_arrival_s: float | None = None
-        self._queue: deque[int] = deque()
-        self._next_ticket = 0
-        self._cond = threading.Condition()
-        self.widths: list[int] = []
+        self.chosen: Counter[int] = Counter()  # widths handed out so far
+
+    def reset(self, policy: str, *, mean_size_s: float, mean_interarrival_s: float) -> None:
+        """Switch to ``policy`` and start measuring again from these priors (the counts of chosen widths too)."""
+        policy_probabilities(policy, self.speedup, 0.5, self.headroom)
+        self.policy = policy
+        self.size = RateMeter(mean_size_s, self.weight)
+        self.gap = RateMeter(mean_interarrival_s, self.weight)
+        self._last_arrival_s = None
+        self.chosen.clear()
 
     @property
     def load(self) -> float:
         """The measured λ = E[S] / (E[inter-arrival] · units)."""
         return self.size.mean / (self.gap.mean * self.units)
 
-    def probabilities(self) -> np.ndarray:
-        """The width law now (from the measured load)."""
-        return policy_probabilities(self.policy, self.speedup, self.load, self.headroom)
+    def probabilities(self, k_max: int | None = None) -> np.ndarray:
+        """The width law now (from the measured load), over widths 1..min(d, k_max)."""
+        return policy_probabilities(self.policy, capped(self.speedup, k_max), self.load, self.headroom)
+
+    def observe_arrival(self, now_s: float) -> None:
+        """Record an arrival at ``now_s`` (seconds, any monotone clock)."""
+        if self._last_arrival_s is not None:
+            self.gap.observe(max(0.0, now_s - self._last_arrival_s))
+        self._last_arrival_s = now_s
+
+    def observe_service(self, width: int, service_s: float) -> None:
+        """A session at ``width`` took ``service_s``: its size at width 1 is service_s · s_width."""
+        check_width(width, "width", self.speedup.d)
+        self.size.observe(service_s * self.speedup.s[width - 1])
+
+    def draw(self, free: int, k_max: int | None = None) -> int:
+        """A width: min(I, free) with I from the law now (0 when nothing is free); counted in ``chosen``."""
+        width = allocate(self.probabilities(k_max), free, self.rng)
+        if width:
+            self.chosen[width] += 1
+        return width
+
+
+class WidthChooser(WidthPolicy):
+    """The width rule with a FIFO of sessions waiting for a unit, for a process that runs its sessions itself.
+
+    ``arrive(now)`` records an arrival and returns a ticket; ``start(ticket)`` blocks until the ticket is at the head
+    of the queue and a unit is free, then returns its width (min(I, free), I drawn from the policy's law at the
+    measured load); ``finish(width, service_s)`` frees the units and measures the session's size at width 1.
+    Thread-safe.
+    """
+
+    def __init__(self, units: int, speedup: SpeedUp, policy: str, rng: np.random.Generator, *,
+                 mean_size_s: float, mean_interarrival_s: float, headroom: float = defaults.TARGET_LOAD,
+                 weight: float = 0.2) -> None:
+        super().__init__(units, speedup, policy, rng, mean_size_s=mean_size_s,
+                         mean_interarrival_s=mean_interarrival_s, headroom=headroom, weight=weight)
+        self.free = units
+        self._queue: deque[int] = deque()
+        self._next_ticket = 0
+        self._cond = threading.Condition()
 
     def arrive(self, now_s: float) -> int:
         """Record an arrival at ``now_s`` (seconds, any monotone clock); returns its place in the FIFO."""
         with self._cond:
-            if self._last_arrival_s is not None:
-                self.gap.observe(max(0.0, now_s - self._last_arrival_s))
-            self._last_arrival_s = now_s
+            self.observe_arrival(now_s)
             ticket = self._next_ticket
             self._next_ticket += 1
             self._queue.append(ticket)
@@ -132,9 +210,8 @@ class WidthChooser:
             if not self._cond.wait_for(lambda: self._queue[0] == ticket and self.free > 0, timeout_s):
                 raise TimeoutError(f"ticket {ticket}: no width unit within {timeout_s} s")
             self._queue.popleft()
-            width = allocate(self.probabilities(), self.free, self.rng)
+            width = self.draw(self.free)
             self.free -= width
-            self.widths.append(width)
             self._cond.notify_all()
             return width
 
@@ -145,5 +222,58 @@ class WidthChooser:
                 raise SpecError(f"width: {width} units were not held (free {self.free} of {self.units})")
             self.free += width
             if service_s is not None:
-                self.size.observe(service_s * self.speedup.s[width - 1])
+                self.observe_service(width, service_s)
             self._cond.notify_all()
+
+
+def speedup_profile(path: str | Path) -> tuple[SpeedUp, float | None]:
+    """The speed-up s(k) of a measured profile file and the service time at width 1 it gives (None if not given).
+
+    CSV with a header, or JSON (a list of row objects, or ``{"rows": [...]}``). Each row has ``width`` and either
+    ``tokens_per_s`` (measured: the concave hull is fitted, ``speedup.concave_hull``) or ``speedup`` (a table: it
+    must already be increasing and concave, ``speedup.SpeedUp``); ``service_s`` of the width-1 row is optional.
+    The moldable-live experiment's ``moldable_live_speedup.csv`` is such a file. SpecError naming the file otherwise.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"speedup profile {path}: cannot read it: {exc}") from None
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+            rows = data.get("rows") if isinstance(data, dict) else data
+        else:
+            rows = list(csv.DictReader(io.StringIO(text)))
+    except ValueError as exc:
+        raise SpecError(f"speedup profile {path}: malformed: {exc}") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise SpecError(f"speedup profile {path}: give a non-empty list of rows with 'width' and 'tokens_per_s' "
+                        "(or 'speedup')")
+    column = "tokens_per_s" if "tokens_per_s" in rows[0] else "speedup"
+    try:
+        widths = [float(r["width"]) for r in rows]
+        values = [float(r[column]) for r in rows]
+        if any(w != int(w) for w in widths):
+            raise ValueError(f"widths {widths} are not integers")
+        widths = [int(w) for w in widths]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SpecError(f"speedup profile {path}: every row needs an integer 'width' and a number "
+                        f"'tokens_per_s' or 'speedup' ({type(exc).__name__}: {exc})") from None
+    try:
+        if column == "tokens_per_s":
+            speedup = concave_hull(widths, values)
+        else:
+            if widths != list(range(1, len(widths) + 1)):
+                raise SpecError(f"speedup: a table needs widths 1..d in order, got {widths}")
+            speedup = SpeedUp(tuple(values))
+    except SpecError as exc:
+        raise SpecError(f"speedup profile {path}: {exc}") from None
+    base = next((r.get("service_s") for r, w in zip(rows, widths) if w == 1), None)
+    try:
+        service_s = float(base) if base not in (None, "") else None
+    except (TypeError, ValueError):
+        raise SpecError(f"speedup profile {path}: 'service_s' must be a number, got {base!r}") from None
+    if service_s is not None and not (math.isfinite(service_s) and service_s > 0):
+        raise SpecError(f"speedup profile {path}: 'service_s' must be > 0, got {service_s!r}")
+    return speedup, service_s
