@@ -196,6 +196,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
         swarm = TestbedSwarm(launch, setup, log_dir)
         for method in (m for m in prep.methods if m not in stats):
             t_m = time.monotonic()
+            load_before = os.getloadavg()[0]  # other work on the machine skews a method's times: say how much
             rate, c = method_rate_c(args, method, plan.replay_rate_per_s)
             try:
                 plan_method(method, prep.servers, setup.spec, rate, c=c)
@@ -232,7 +233,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                              "summary": _describe_info(live.info),
                              "placement": {n: span_json(a, b) for n, (a, b) in live.info.placement.items()},
                              "chains": live.info.chains, "notes": live.info.notes, "startup_s": live.info.startup_s,
-                             "errors": sorted({r.error for r in bad})[:5], "wall_s": res.wall_s}
+                             "errors": sorted({r.error for r in bad})[:5], "wall_s": res.wall_s,
+                             "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
             if METHODS[method].routing is Routing.JFFC:  # fixed chains: how far from the Theorem 3.7 limit
                 limit = distance_to_limit(res.records, live.info.chains)
                 infos[method]["limit"] = limit.as_json()
