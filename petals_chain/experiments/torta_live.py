@@ -1,6 +1,8 @@
 """TORTA live: three regions of SmolLM2 servers, clients from two origins behind emulated inter-region delays, a
-burst that overloads one region; response times per origin under TORTA, SkyLB-style and round robin on the same
-arrivals, and every answer checked against local greedy generation. Needs root (network namespaces).
+burst that overloads one region; response times per origin under TORTA-OT, TORTA-PPO (the policy trained for these
+regions by ``experiments/torta-live-train.sh``; trained here first if its checkpoint is missing), SkyLB-style and
+round robin on the same arrivals, and every answer checked against local greedy generation. Needs root (network
+namespaces).
 
 docs/torta.md, "On the swarm: regions".
 """
@@ -19,33 +21,29 @@ import numpy as np
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, write_csv
 from petals_chain.loopback.regions import RegionalSwarm
 from petals_chain.loopback.swarm import ServerPlan
+from petals_chain.torta import live
 
 MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
-REGIONS = ["r0", "r1", "r2"]
-ORIGINS = ["r0", "r1"]
-# one-way latency (ms): r0 and r2 are near each other, r1 is far from r0
-LATENCY_MS = np.array([[5.0, 60.0, 25.0], [60.0, 5.0, 40.0], [25.0, 40.0, 5.0]])
-POLICIES = ("torta", "skylb", "rr")
-LABEL = {"torta": "TORTA", "skylb": "SkyLB-style", "rr": "round robin"}
-SLOTS_PER_SERVER = 2  # cache slots a server's budget holds: a region serves two requests at once
+REGIONS, ORIGINS = list(live.REGIONS), list(live.ORIGINS)
+LATENCY_MS, SLOTS_PER_SERVER, SLOT_S = live.LATENCY_MS, live.SLOTS_PER_SERVER, live.SLOT_S
+POLICIES = ("torta", "torta-ppo", "skylb", "rr")
+LABEL = {"torta": "TORTA-OT", "torta-ppo": "TORTA-PPO", "skylb": "SkyLB-style", "rr": "round robin"}
+PPO_EPISODES = 120  # as experiments/torta-live-train.sh
 NEW_TOKENS = 8
 MAX_LENGTH = 128
-SLOT_S = 2.0
 TEXTS = ["The capital of France is", "Write a haiku about the sea.", "Two plus two equals",
          "List three colours:", "Once upon a time, in a small village,", "The best way to learn Python is"]
 
 
-def arrivals(rng: np.random.Generator, quick: bool) -> dict[str, list[float]]:
-    """Seeded arrival times per origin: both at a steady Poisson rate, plus a burst from r0 that overloads it."""
-    horizon = 20.0 if quick else 40.0
-    rate = 0.25
-    out = {}
-    for o in ORIGINS:
-        n = rng.poisson(rate * horizon)
-        out[o] = sorted(rng.uniform(0.0, horizon, n).tolist())
-    burst_at, burst_n = horizon / 4, (8 if quick else 12)
-    out["r0"] = sorted(out["r0"] + (burst_at + rng.uniform(0.0, 3.0, burst_n)).tolist())
-    return out
+def ppo_checkpoint(out: Path, seed: int) -> Path:
+    """The live regions' PPO checkpoint (as experiments/torta-live-train.sh writes it); trained now if missing."""
+    path = out / "checkpoints" / f"{live.TOPOLOGY}-ep{PPO_EPISODES}.pt"
+    if not path.exists():
+        from petals_chain.torta.train import main as train_main
+
+        train_main(["--topology", live.TOPOLOGY, "--episodes", str(PPO_EPISODES), "--seed", str(seed),
+                    "--out", str(out)])
+    return path
 
 
 def references(prompts: list[list[int]]) -> list[list[int]]:
@@ -76,7 +74,7 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
     from transformers import AutoTokenizer
 
     rng = np.random.default_rng(args.seed)
-    times = arrivals(rng, args.quick)
+    times = live.arrivals(rng, args.quick)
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     prompts = [tok(t).input_ids for t in TEXTS]
     refs = references(prompts)
@@ -88,7 +86,8 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
     swarm = RegionalSwarm(MODEL_DIR, regions, LATENCY_MS * 1e-3, ORIGINS, log_dir=log_dir, policy="torta",
                           slot_s=SLOT_S, model_name="SmolLM2-135M-Instruct", max_length=MAX_LENGTH,
                           c=SLOTS_PER_SERVER, arrival_rate=0.5, lease_ttl_s=60.0, heartbeat_timeout_s=60.0,
-                          job_input_tokens=16, job_output_tokens=NEW_TOKENS)
+                          job_input_tokens=16, job_output_tokens=NEW_TOKENS,
+                          orchestrator_args=("--ppo-checkpoint", str(ppo_checkpoint(args.out, args.seed))))
     rows: list[dict[str, Any]] = []
     work = log_dir / "rounds"
     work.mkdir(parents=True, exist_ok=True)
@@ -180,17 +179,17 @@ def run(args: Any) -> Summary:
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Mean response time per origin and policy (95 % CI), and where each policy served origin r0's requests."""
     pyplot = plt()
-    fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(11, 4))
-    width = 0.25
+    fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(12, 4))
+    width = 0.2
     for j, policy in enumerate(POLICIES):
         stats = [mean_ci([r["response_s"] for r in rows if r["policy"] == policy and r["origin"] == o
                           and not r["error"]]) for o in ORIGINS]
-        x = np.arange(len(ORIGINS)) + (j - 1) * width
+        x = np.arange(len(ORIGINS)) + (j - 1.5) * width
         ax.bar(x, [m for m, _ in stats], width, yerr=[0 if np.isnan(h) else h for _, h in stats], capsize=3,
                label=LABEL[policy])
         counts = [sum(1 for r in rows if r["policy"] == policy and r["origin"] == "r0" and r["region"] == reg)
                   for reg in REGIONS]
-        bx.bar(np.arange(len(REGIONS)) + (j - 1) * width, counts, width, label=LABEL[policy])
+        bx.bar(np.arange(len(REGIONS)) + (j - 1.5) * width, counts, width, label=LABEL[policy])
     ax.set_xticks(range(len(ORIGINS)), [f"origin {o}" for o in ORIGINS])
     ax.set_ylabel("mean response time (s)")
     ax.legend()

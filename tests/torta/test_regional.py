@@ -49,8 +49,9 @@ def test_an_untrained_anchored_policy_returns_its_anchor() -> None:
     net = BetaPolicy(3 * 3 + 3 + 2 * 9, 3, hidden=(16,))
     m = RegionalMacro(NAMES, LAT_S, slot_s=1.0, policy=net.act)
     m.counts[:] = [9.0, 1.0, 0.0]
-    prev = m.plan.copy()
-    a = m.new_slot(load())
+    prev = m.ppo_plan.copy()
+    assert np.array_equal(m.new_slot(load()), m.prob)  # TORTA-OT's plan is Prob_t; the policy's is ppo_plan
+    a = m.ppo_plan
     anchor = (1 - LIVE_PARAMS.anchor_mix) * prev + LIVE_PARAMS.anchor_mix * m.prob
     assert np.allclose(a.sum(1), 1.0)
     assert np.abs(a - anchor / anchor.sum(1, keepdims=True)).max() < 0.05
