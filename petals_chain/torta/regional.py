@@ -120,7 +120,8 @@ def place_by_rtt(rtt: np.ndarray, anchor_rtt_s: np.ndarray, placed: Sequence[tup
     RTT, then to the region listed first; alone in its cluster, it takes the anchor of the smallest RTT (same ties).
     Round trips within ``RTT_TIE_S`` are equal; with no placed server in its cluster, a server as near to several
     anchors as to its cluster's goes to the region listed first of them (the linkage's own tie order is not used).
-    Two servers' mutual RTT, which neither measured, is the triangle-inequality bound max_r |rtt_i,r − rtt_j,r|."""
+    Two servers' mutual RTT, which neither measured, is their shortest route through an anchor, min_r (rtt_i,r +
+    rtt_j,r): an upper bound, so that servers never pull a newcomer toward a region they may be far from."""
     anchors = np.asarray(anchor_rtt_s, dtype=np.float64)
     n = anchors.shape[0]
     vecs = [np.asarray(v, dtype=np.float64) for v, _ in placed] + [np.asarray(rtt, dtype=np.float64)]
@@ -129,7 +130,7 @@ def place_by_rtt(rtt: np.ndarray, anchor_rtt_s: np.ndarray, placed: Sequence[tup
     for i, v in enumerate(vecs):
         m[n + i, :n] = m[:n, n + i] = v
         for j, w in enumerate(vecs[:i]):
-            m[n + i, n + j] = m[n + j, n + i] = np.abs(v - w).max()
+            m[n + i, n + j] = m[n + j, n + i] = (v + w).min()
     np.fill_diagonal(m, 0.0)
     labels = cluster_by_rtt(m, n)
     mine = labels[-1]
