@@ -59,7 +59,8 @@ def residual_capacity(capacity: np.ndarray, queue: np.ndarray, demand: float) ->
     """ν with ``nu_total=False``: what each region can take of ``demand`` once its queue is served, water-filled so
     that every region that gets work ends at the same backlog per capacity, ν_r = max(0, c_r·L − Q_r) with
     Σ ν_r = demand (⚑; the former ``max(0.05·c, c − Q)`` flattened to capacity shares once every queue exceeded one
-    slot's capacity). A 1e−6·c floor keeps every column in the plan."""
+    slot's capacity). A 1e−9·c floor keeps every column in the plan, below μ's 1e−6 floor, so that an origin
+    with no forecast is planned onto residual capacity too."""
     c = np.maximum(np.asarray(capacity, dtype=np.float64), 1e-12)
     q = np.maximum(np.asarray(queue, dtype=np.float64), 0.0)
     demand = max(demand, 1e-9 * c.sum())
@@ -70,7 +71,7 @@ def residual_capacity(capacity: np.ndarray, queue: np.ndarray, demand: float) ->
         fill = (demand + q[head].sum()) / c[head].sum()
         if k == c.size or fill <= level[order[k]]:
             break
-    return np.maximum(c * fill - q, 0.0) + 1e-6 * c
+    return np.maximum(c * fill - q, 0.0) + 1e-9 * c
 
 
 class Router:
