@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from petals_chain.torta.episode import macro_plan
+from petals_chain.torta.episode import macro_plan, residual_capacity
 from petals_chain.torta.ppo import BetaPolicy
 from petals_chain.torta.regional import LIVE_PARAMS, RegionalMacro, RegionError, RegionLoad, check_latency, \
     cluster_by_rtt, nearest, place_by_rtt, rtt_vector
@@ -154,3 +154,17 @@ def test_malformed_rtt_reports_are_refused_naming_the_field() -> None:
                        ([0.1, 0.1, 0.1], "must map")):
         with pytest.raises(RegionError, match=field):
             rtt_vector(bad, NAMES)  # type: ignore[arg-type]
+
+
+def test_residual_capacity_water_fills_the_forecast() -> None:
+    """ν_r = max(0, c_r·L − Q_r) with Σ ν = F: hand-computed levels; no queue gives capacity shares; a region whose
+    queue is above the level gets (almost) nothing; an origin with no forecast is planned away from a full region."""
+    c = np.array([1.0, 2.0, 1.0])
+    assert np.allclose(residual_capacity(c, np.zeros(3), 4.0), [1.0, 2.0, 1.0], atol=1e-8)
+    # queues 3, 0, 1 and F = 2: regions 1 and 2 fill to L = (2 + 0 + 1)/(2 + 1) = 1, region 0 (level 3) gets none
+    assert np.allclose(residual_capacity(c, np.array([3.0, 0.0, 1.0]), 2.0), [0.0, 2.0, 0.0], atol=1e-8)
+    # F = 8: every region takes work, L = (8 + 4)/4 = 3
+    assert np.allclose(residual_capacity(c, np.array([3.0, 0.0, 1.0]), 8.0), [0.0, 6.0, 2.0], atol=1e-8)
+    plan = macro_plan(np.array([0.0, 0.33, 0.0]), np.full(3, 0.33), np.array([5.0, 4.0, 3.0]),
+                      RegionalMacro(NAMES, LAT_S, slot_s=1.0).cost, LIVE_PARAMS)
+    assert plan[0, 0] < 0.01 and plan[0, 2] > 0.99  # r0 sends its next request to the shortest queue, r2
