@@ -170,6 +170,8 @@ def run(args: Any) -> Summary:
     lines.append(f"setup: regions {REGIONS}, one SmolLM2-135M server each ({SLOTS_PER_SERVER} cache slots), "
                  f"one-way latency (ms) {LATENCY_MS.tolist()}, origins {ORIGINS}, burst from r0, {NEW_TOKENS} tokens "
                  f"per request, slot {SLOT_S:g} s; 95 % Student-t CIs over requests")
+    lines.append(f"TORTA-PPO's policy: {live.TOPOLOGY}-ep{PPO_EPISODES}.pt of experiments/torta-live-train.sh (seeded, "
+                 f"{live.TRAIN_SCENARIOS} live scenarios of other seeds; curve in torta-train-{live.TOPOLOGY}.png)")
     quick = " --quick" if args.quick else ""
     return Summary("torta-live", "TORTA on a live 3-region swarm: response time per origin",
                    f"python -m petals_chain.experiments torta-live{quick} --seed {args.seed}",
