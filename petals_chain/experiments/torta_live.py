@@ -29,6 +29,12 @@ LATENCY_MS, SLOTS_PER_SERVER, SLOT_S = live.LATENCY_MS, live.SLOTS_PER_SERVER, l
 POLICIES = ("torta", "torta-ppo", "skylb", "rr")
 LABEL = {"torta": "TORTA-OT", "torta-ppo": "TORTA-PPO", "skylb": "SkyLB-style", "rr": "round robin"}
 PPO_EPISODES = 120  # as experiments/torta-live-train.sh
+
+
+def round_order(quick: bool) -> list[str]:
+    """The policies' rounds: once each with --quick, else forward then backward (ABBA), so that a load that drifts
+    on the shared machine while the rounds run one after the other weighs on every policy alike."""
+    return list(POLICIES) if quick else [*POLICIES, *reversed(POLICIES)]
 NEW_TOKENS = 8
 MAX_LENGTH = 128
 TEXTS = ["The capital of France is", "Write a haiku about the sea.", "Two plus two equals",
@@ -102,7 +108,8 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
             if time.monotonic() > deadline or any(c.popen.poll() is not None for c in clients):
                 raise RuntimeError("clients did not load:\n" + "\n".join(c.log_tail() for c in clients))
             time.sleep(0.5)
-        for k, policy in enumerate(POLICIES):
+        order = round_order(args.quick)
+        for k, policy in enumerate(order):
             swarm_idle(swarm)
             from petals_chain.loopback.swarm import http_json
 
@@ -118,12 +125,12 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
                 for rec in json.loads((work / f"out-{k}-{o}.json").read_text()):
                     i = rec["id"]
                     region = swarm.region_of.get(rec["servers"][0]) if rec["servers"] else None
-                    rows.append({"policy": policy, "origin": o, "id": i, "at_s": times[o][i], "region": region,
-                                 "response_s": rec["response_s"], "waited_s": rec["waited_s"],
+                    rows.append({"policy": policy, "round": k, "origin": o, "id": i, "at_s": times[o][i],
+                                 "region": region, "response_s": rec["response_s"], "waited_s": rec["waited_s"],
                                  "correct": rec["tokens"] == refs[i % len(prompts)], "error": rec["error"] or ""})
             rows_macro = swarm.get("/macro")
-            (log_dir / f"macro-{policy}.json").write_text(json.dumps(rows_macro))
-        (work / f"go-{len(POLICIES)}.json").write_text(json.dumps({"stop": True}))
+            (log_dir / f"macro-{k}-{policy}.json").write_text(json.dumps(rows_macro))
+        (work / f"go-{len(order)}.json").write_text(json.dumps({"stop": True}))
         time.sleep(1.0)
     finally:
         left = swarm.stop()
@@ -167,9 +174,14 @@ def run(args: Any) -> Summary:
         lines.append(f"{LABEL[policy]}: all {mall:.2f} ± {hall:.2f} s; " + "; ".join(parts)
                      + f"; {ok}/{len(allp)} answers equal local greedy")
     plot(rows, args.out / "torta-live.png")
+    rounds = sorted({r["round"] for r in rows})
+    lines.append("rounds in order (mean response): " + ", ".join(
+        f"{LABEL[next(r['policy'] for r in rows if r['round'] == k)]} "
+        f"{np.mean([r['response_s'] for r in rows if r['round'] == k and not r['error']]):.2f} s" for k in rounds))
     lines.append(f"setup: regions {REGIONS}, one SmolLM2-135M server each ({SLOTS_PER_SERVER} cache slots), "
                  f"one-way latency (ms) {LATENCY_MS.tolist()}, origins {ORIGINS}, burst from r0, {NEW_TOKENS} tokens "
-                 f"per request, slot {SLOT_S:g} s; 95 % Student-t CIs over requests")
+                 f"per request, slot {SLOT_S:g} s; rounds "
+                 f"{'once each' if args.quick else 'forward then backward (ABBA)'}; 95 % Student-t CIs over requests")
     lines.append(f"TORTA-PPO's policy: {live.TOPOLOGY}-ep{PPO_EPISODES}.pt of experiments/torta-live-train.sh (seeded, "
                  f"{live.TRAIN_SCENARIOS} live scenarios of other seeds; curve in torta-train-{live.TOPOLOGY}.png)")
     quick = " --quick" if args.quick else ""
