@@ -1,6 +1,8 @@
 """TORTA live: three regions of SmolLM2 servers, clients from two origins behind emulated inter-region delays, a
-burst that overloads one region; response times per origin under TORTA, SkyLB-style and round robin on the same
-arrivals, and every answer checked against local greedy generation. Needs root (network namespaces).
+burst that overloads one region; response times per origin under TORTA-OT, TORTA-PPO (the policy trained for these
+regions by ``experiments/torta-live-train.sh``; trained here first if its checkpoint is missing), SkyLB-style and
+round robin on the same arrivals, and every answer checked against local greedy generation. Needs root (network
+namespaces).
 
 docs/torta.md, "On the swarm: regions".
 """
@@ -19,33 +21,35 @@ import numpy as np
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, write_csv
 from petals_chain.loopback.regions import RegionalSwarm
 from petals_chain.loopback.swarm import ServerPlan
+from petals_chain.torta import live
 
 MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
-REGIONS = ["r0", "r1", "r2"]
-ORIGINS = ["r0", "r1"]
-# one-way latency (ms): r0 and r2 are near each other, r1 is far from r0
-LATENCY_MS = np.array([[5.0, 60.0, 25.0], [60.0, 5.0, 40.0], [25.0, 40.0, 5.0]])
-POLICIES = ("torta", "skylb", "rr")
-LABEL = {"torta": "TORTA", "skylb": "SkyLB-style", "rr": "round robin"}
-SLOTS_PER_SERVER = 2  # cache slots a server's budget holds: a region serves two requests at once
+REGIONS, ORIGINS = list(live.REGIONS), list(live.ORIGINS)
+LATENCY_MS, SLOTS_PER_SERVER, SLOT_S = live.LATENCY_MS, live.SLOTS_PER_SERVER, live.SLOT_S
+POLICIES = ("torta", "torta-ppo", "skylb", "rr")
+LABEL = {"torta": "TORTA-OT", "torta-ppo": "TORTA-PPO", "skylb": "SkyLB-style", "rr": "round robin"}
+PPO_EPISODES = 120  # as experiments/torta-live-train.sh
+
+
+def round_order(quick: bool) -> list[str]:
+    """The policies' rounds: once each with --quick, else forward then backward (ABBA), so that a load that drifts
+    on the shared machine while the rounds run one after the other weighs on every policy alike."""
+    return list(POLICIES) if quick else [*POLICIES, *reversed(POLICIES)]
 NEW_TOKENS = 8
 MAX_LENGTH = 128
-SLOT_S = 2.0
 TEXTS = ["The capital of France is", "Write a haiku about the sea.", "Two plus two equals",
          "List three colours:", "Once upon a time, in a small village,", "The best way to learn Python is"]
 
 
-def arrivals(rng: np.random.Generator, quick: bool) -> dict[str, list[float]]:
-    """Seeded arrival times per origin: both at a steady Poisson rate, plus a burst from r0 that overloads it."""
-    horizon = 20.0 if quick else 40.0
-    rate = 0.25
-    out = {}
-    for o in ORIGINS:
-        n = rng.poisson(rate * horizon)
-        out[o] = sorted(rng.uniform(0.0, horizon, n).tolist())
-    burst_at, burst_n = horizon / 4, (8 if quick else 12)
-    out["r0"] = sorted(out["r0"] + (burst_at + rng.uniform(0.0, 3.0, burst_n)).tolist())
-    return out
+def ppo_checkpoint(out: Path, seed: int) -> Path:
+    """The live regions' PPO checkpoint (as experiments/torta-live-train.sh writes it); trained now if missing."""
+    path = out / "checkpoints" / f"{live.TOPOLOGY}-ep{PPO_EPISODES}.pt"
+    if not path.exists():
+        from petals_chain.torta.train import main as train_main
+
+        train_main(["--topology", live.TOPOLOGY, "--episodes", str(PPO_EPISODES), "--seed", str(seed),
+                    "--out", str(out)])
+    return path
 
 
 def references(prompts: list[list[int]]) -> list[list[int]]:
@@ -76,7 +80,7 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
     from transformers import AutoTokenizer
 
     rng = np.random.default_rng(args.seed)
-    times = arrivals(rng, args.quick)
+    times = live.arrivals(rng, args.quick)
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     prompts = [tok(t).input_ids for t in TEXTS]
     refs = references(prompts)
@@ -88,7 +92,8 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
     swarm = RegionalSwarm(MODEL_DIR, regions, LATENCY_MS * 1e-3, ORIGINS, log_dir=log_dir, policy="torta",
                           slot_s=SLOT_S, model_name="SmolLM2-135M-Instruct", max_length=MAX_LENGTH,
                           c=SLOTS_PER_SERVER, arrival_rate=0.5, lease_ttl_s=60.0, heartbeat_timeout_s=60.0,
-                          job_input_tokens=16, job_output_tokens=NEW_TOKENS)
+                          job_input_tokens=16, job_output_tokens=NEW_TOKENS,
+                          orchestrator_args=("--ppo-checkpoint", str(ppo_checkpoint(args.out, args.seed))))
     rows: list[dict[str, Any]] = []
     work = log_dir / "rounds"
     work.mkdir(parents=True, exist_ok=True)
@@ -103,7 +108,8 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
             if time.monotonic() > deadline or any(c.popen.poll() is not None for c in clients):
                 raise RuntimeError("clients did not load:\n" + "\n".join(c.log_tail() for c in clients))
             time.sleep(0.5)
-        for k, policy in enumerate(POLICIES):
+        order = round_order(args.quick)
+        for k, policy in enumerate(order):
             swarm_idle(swarm)
             from petals_chain.loopback.swarm import http_json
 
@@ -119,12 +125,12 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
                 for rec in json.loads((work / f"out-{k}-{o}.json").read_text()):
                     i = rec["id"]
                     region = swarm.region_of.get(rec["servers"][0]) if rec["servers"] else None
-                    rows.append({"policy": policy, "origin": o, "id": i, "at_s": times[o][i], "region": region,
-                                 "response_s": rec["response_s"], "waited_s": rec["waited_s"],
+                    rows.append({"policy": policy, "round": k, "origin": o, "id": i, "at_s": times[o][i],
+                                 "region": region, "response_s": rec["response_s"], "waited_s": rec["waited_s"],
                                  "correct": rec["tokens"] == refs[i % len(prompts)], "error": rec["error"] or ""})
             rows_macro = swarm.get("/macro")
-            (log_dir / f"macro-{policy}.json").write_text(json.dumps(rows_macro))
-        (work / f"go-{len(POLICIES)}.json").write_text(json.dumps({"stop": True}))
+            (log_dir / f"macro-{k}-{policy}.json").write_text(json.dumps(rows_macro))
+        (work / f"go-{len(order)}.json").write_text(json.dumps({"stop": True}))
         time.sleep(1.0)
     finally:
         left = swarm.stop()
@@ -168,9 +174,16 @@ def run(args: Any) -> Summary:
         lines.append(f"{LABEL[policy]}: all {mall:.2f} ± {hall:.2f} s; " + "; ".join(parts)
                      + f"; {ok}/{len(allp)} answers equal local greedy")
     plot(rows, args.out / "torta-live.png")
+    rounds = sorted({r["round"] for r in rows})
+    lines.append("rounds in order (mean response): " + ", ".join(
+        f"{LABEL[next(r['policy'] for r in rows if r['round'] == k)]} "
+        f"{np.mean([r['response_s'] for r in rows if r['round'] == k and not r['error']]):.2f} s" for k in rounds))
     lines.append(f"setup: regions {REGIONS}, one SmolLM2-135M server each ({SLOTS_PER_SERVER} cache slots), "
                  f"one-way latency (ms) {LATENCY_MS.tolist()}, origins {ORIGINS}, burst from r0, {NEW_TOKENS} tokens "
-                 f"per request, slot {SLOT_S:g} s; 95 % Student-t CIs over requests")
+                 f"per request, slot {SLOT_S:g} s; rounds "
+                 f"{'once each' if args.quick else 'forward then backward (ABBA)'}; 95 % Student-t CIs over requests")
+    lines.append(f"TORTA-PPO's policy: {live.TOPOLOGY}-ep{PPO_EPISODES}.pt of experiments/torta-live-train.sh (seeded, "
+                 f"{live.TRAIN_SCENARIOS} live scenarios of other seeds; curve in torta-train-{live.TOPOLOGY}.png)")
     quick = " --quick" if args.quick else ""
     return Summary("torta-live", "TORTA on a live 3-region swarm: response time per origin",
                    f"python -m petals_chain.experiments torta-live{quick} --seed {args.seed}",
@@ -180,17 +193,17 @@ def run(args: Any) -> Summary:
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Mean response time per origin and policy (95 % CI), and where each policy served origin r0's requests."""
     pyplot = plt()
-    fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(11, 4))
-    width = 0.25
+    fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(12, 4))
+    width = 0.2
     for j, policy in enumerate(POLICIES):
         stats = [mean_ci([r["response_s"] for r in rows if r["policy"] == policy and r["origin"] == o
                           and not r["error"]]) for o in ORIGINS]
-        x = np.arange(len(ORIGINS)) + (j - 1) * width
+        x = np.arange(len(ORIGINS)) + (j - 1.5) * width
         ax.bar(x, [m for m, _ in stats], width, yerr=[0 if np.isnan(h) else h for _, h in stats], capsize=3,
                label=LABEL[policy])
         counts = [sum(1 for r in rows if r["policy"] == policy and r["origin"] == "r0" and r["region"] == reg)
                   for reg in REGIONS]
-        bx.bar(np.arange(len(REGIONS)) + (j - 1) * width, counts, width, label=LABEL[policy])
+        bx.bar(np.arange(len(REGIONS)) + (j - 1.5) * width, counts, width, label=LABEL[policy])
     ax.set_xticks(range(len(ORIGINS)), [f"origin {o}" for o in ORIGINS])
     ax.set_ylabel("mean response time (s)")
     ax.legend()

@@ -43,7 +43,7 @@ class RegionalSwarm(LocalSwarm):
 
     def __init__(self, model_dir: str | Path, regions: dict[str, list[ServerPlan]], latency_s: np.ndarray,
                  origins: list[str], *, log_dir: str | Path, policy: str = "torta", slot_s: float = 2.0,
-                 **kw: object) -> None:
+                 anchor_delay_ms: dict[str, float] | None = None, **kw: object) -> None:
         plans = [p for ps in regions.values() for p in ps]
         super().__init__(model_dir, plans, log_dir=log_dir, **kw)  # type: ignore[arg-type]
         self.region_names = list(regions)
@@ -59,6 +59,12 @@ class RegionalSwarm(LocalSwarm):
         self.vip = {p.name: f"{VIP_NET}.{j + 1}" for j, p in enumerate(plans)}
         self.dht_port = free_port()
         self._net_made: list[tuple[str, ...]] = []  # undo commands, run in reverse order
+        # per region, an anchor: a delaying relay in front of the orchestrator's /regions/NAME/health, for servers
+        # placed by RTT (--region auto); the orchestrator then needs a port known before it starts
+        self.anchor_delay_ms = dict(anchor_delay_ms or {})
+        self.anchor_ports = {r: free_port() for r in self.anchor_delay_ms}
+        if self.anchor_delay_ms and self.port == 0:
+            self.port = free_port()
 
     # ---- network ---------------------------------------------------------------------------------
 
@@ -127,7 +133,7 @@ class RegionalSwarm(LocalSwarm):
         lat_ms = ";".join(",".join(f"{1e3 * x:g}" for x in row) for row in self.latency_s)
         args = ["-m", "petals_chain.orchestrator.regions_cli", "--regions", ",".join(self.region_names),
                 "--latency-ms", lat_ms, "--policy", self.policy, "--slot-s", str(self.slot_s),
-                "--host", "0.0.0.0", "--port", "0", "--start-dht", "--dht-host-maddrs",
+                "--host", "0.0.0.0", "--port", str(self.port), "--start-dht", "--dht-host-maddrs",
                 f"/ip4/0.0.0.0/tcp/{self.dht_port}", "--model-name", self.model_name,
                 "--model-blocks", str(self.sizes.num_blocks), "--block-bytes", str(self.sizes.block_bytes),
                 "--cache-bytes", str(self.sizes.cache_bytes), "--arrival-rate", str(self.arrival_rate),
@@ -135,13 +141,25 @@ class RegionalSwarm(LocalSwarm):
                 "--heartbeat-timeout-s", str(self.heartbeat_timeout_s)]
         if self.c is not None:
             args += ["--c", str(self.c)]
-        return args
+        if self.anchor_delay_ms:
+            args += ["--anchors", ",".join(f"{r}=http://127.0.0.1:{p}/regions/{r}/health"
+                                           for r, p in self.anchor_ports.items())]
+        return args + list(self.orchestrator_extra)
+
+    def start_anchors(self) -> None:
+        """One delaying relay per anchored region (root namespace), forwarding to the orchestrator's port."""
+        for region, delay_ms in self.anchor_delay_ms.items():
+            self._spawn(f"anchor-{region}", [
+                "-m", "petals_chain.launch.relay", "--listen", f"127.0.0.1:{self.anchor_ports[region]}",
+                "--target", f"127.0.0.1:{self.port}", "--delay-ms", f"{delay_ms:.3f}",
+                "--owner-pid", str(os.getpid())])
 
     def server_command(self, plan: ServerPlan) -> list[str]:
-        """A server registers with its region's orchestrator and announces its virtual address."""
+        """A server names its region to the front (``--region``, unless its plan says ``--region auto``) and
+        announces its virtual address."""
         args = super().server_command(plan)
-        i = args.index("--orchestrator")
-        args[i + 1] = f"{self.url}/regions/{self.region_of[plan.name]}"
+        if "--region" not in plan.extra_args:
+            args += ["--region", self.region_of[plan.name]]
         if not self.origins:  # no delayed origins: plain loopback, as LocalSwarm's servers
             return args
         port = self.ports[plan.name]
@@ -167,6 +185,7 @@ class RegionalSwarm(LocalSwarm):
     def start(self, timeout_s: float = 300.0) -> RegionalSwarm:
         """Network, orchestrator, relays, servers; wait until every region serves its composition."""
         self.setup_network()
+        self.start_anchors()
         super().start(timeout_s)
         self.start_relays()
         return self

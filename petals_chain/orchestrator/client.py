@@ -314,6 +314,20 @@ class OrchestratorClient:
         """GET /swarm: the DHT's initial peers and prefix, and the model the swarm serves."""
         return await self._call("GET", "/swarm")
 
+    async def regions(self) -> dict[str, Any]:
+        """GET /regions at a region-aware front: the regions, their anchors and servers."""
+        return await self._call("GET", "/regions")
+
+    async def place(self, name: str, *, region: str | None = None,
+                    rtt_s: dict[str, float] | None = None) -> dict[str, Any]:
+        """POST /servers/place at a region-aware front: the region this server joins and its URL prefix."""
+        body: dict[str, Any] = {"name": name}
+        if region is not None:
+            body["region"] = region
+        if rtt_s is not None:
+            body["rtt_s"] = rtt_s
+        return await self._call("POST", "/servers/place", body)
+
     async def chains(self) -> dict[str, Any]:
         """The offered chains with capacity and occupancy."""
         return await self._call("GET", "/chains")

@@ -2,11 +2,12 @@
 within the region) and TORTA's macro layer in front, which decides which region serves each origin's requests.
 
 docs/torta.md, "On the swarm: regions". A server joins a region by registering with that region's orchestrator
-(``/regions/NAME/...``, or by its measured RTTs: :func:`petals_chain.torta.regional.nearest`); a lease request
-carries its origin (or the client's RTTs to the regions); each slot the macro layer
-(:class:`~petals_chain.torta.regional.RegionalMacro`) turns the regions' queues, capacities and the origins'
-recent arrivals into a plan A_t, and each request is sent to a region by the live policy (``torta`` = the plan,
-``skylb``, ``rr``), then waits in that region's FIFO queue for its JFFC chain.
+(``/regions/NAME/...``) once the front has placed it (:meth:`RegionalOrchestrator.place`: the region it names, or
+the one its RTTs to the regions' anchors cluster it into); a lease request carries its origin (or the client's RTTs
+to the regions); each slot the macro layer (:class:`~petals_chain.torta.regional.RegionalMacro`) turns the regions'
+queues, capacities and the origins' recent arrivals into a plan A_t, and each request is sent to a region by the
+live policy (``torta`` = the OT plan, ``torta-ppo`` = that plan refined by a trained PPO policy, ``skylb``,
+``rr``), then waits in that region's FIFO queue for its JFFC chain.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError
 from petals_chain.torta.chain_score import GreedyScoreChains
-from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest
+from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest, place_by_rtt, \
+    rtt_vector
 
 log = logging.getLogger(__name__)
 MAX_DECISIONS = 10_000  # routing decisions kept for GET /macro (the newest)
@@ -36,6 +38,15 @@ class GreedyScoreLeaseManager(LeaseManager):
 
 
 MICRO = {"jffc": LeaseManager, "greedy": GreedyScoreLeaseManager}  # how a region picks a chain
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a server was placed: its region, how (``name`` given or by ``rtt``) and the RTTs it reported."""
+
+    region: str
+    by: str
+    rtt_s: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,7 @@ class RegionalOrchestrator:
     """Orchestrators per region behind the macro layer; every method is called on the event loop."""
 
     def __init__(self, regions: Mapping[str, Orchestrator], macro: RegionalMacro, *, policy: str = "torta",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, anchors: Mapping[str, str] | None = None) -> None:
         if list(regions) != macro.names:
             raise RegionError(f"regions: {list(regions)} differ from the macro layer's {macro.names}")
         self.regions = dict(regions)
@@ -66,12 +77,17 @@ class RegionalOrchestrator:
         self.lease_region: dict[str, tuple[str, str]] = {}  # lease id -> (region, origin)
         self.decisions: list[Decision] = []
         self.plans: list[dict[str, Any]] = []  # one row per slot: slot, plan, forecast, queue, capacity
+        for name in anchors or {}:
+            macro.index(name, "anchors")
+        self.anchors = dict(anchors or {})  # region -> URL a server measures its round trip to
+        self.placements: dict[str, Placement] = {}  # server name -> where the front placed it
 
-    @staticmethod
-    def check_policy(policy: str) -> str:
-        """A known live policy; RegionError naming the field otherwise."""
+    def check_policy(self, policy: str) -> str:
+        """A known live policy (torta-ppo only with a loaded PPO policy); RegionError naming the field otherwise."""
         if policy not in POLICIES:
             raise RegionError(f"policy: unknown {policy!r} (known: {', '.join(POLICIES)})")
+        if policy == "torta-ppo" and self.macro.policy is None:
+            raise RegionError("policy: torta-ppo needs a trained PPO policy (start with --ppo-checkpoint)")
         return policy
 
     @property
@@ -97,7 +113,8 @@ class RegionalOrchestrator:
         load = self.load()
         plan = self.macro.new_slot(load)
         self.plans.append({"slot": self.macro.slot, "time_s": self.clock(), "plan": plan.tolist(),
-                           "prob": self.macro.prob.tolist(), "forecast": self.macro.forecast().tolist(),
+                           "prob": self.macro.prob.tolist(),
+                           "ppo_plan": self.macro.ppo_plan.tolist(), "forecast": self.macro.forecast().tolist(),
                            "queue": load.queue.tolist(), "capacity_per_slot": load.capacity_per_slot.tolist()})
         del self.plans[:-MAX_DECISIONS]
         for lease_id, (region, _) in list(self.lease_region.items()):
@@ -113,6 +130,43 @@ class RegionalOrchestrator:
                 self.new_slot()
             except Exception:  # the slot ticker must survive anything; the old plan stays
                 log.exception("macro slot failed")
+
+    # ---- server placement -------------------------------------------------------------------------
+
+    def registered_in(self, server: str) -> str | None:
+        """The region whose orchestrator has ``server`` registered and alive (None if none has)."""
+        return next((n for n, o in self.regions.items()
+                     if server in o.registry.servers and o.registry.servers[server].alive), None)
+
+    def place(self, server: str, *, region: str | None = None, rtt_s: Mapping[str, float] | None = None) -> Placement:
+        """Place a server in a region: the one it names, or the one its RTTs to the anchors cluster it into
+        (:func:`~petals_chain.torta.regional.place_by_rtt`). RegionError naming the field for an unknown region or a
+        malformed RTT map, and for a server already registered in another region; nothing is recorded then."""
+        if (region is None) == (rtt_s is None):
+            raise RegionError("region: give the server's region, or its rtt_s to every region's anchor (not both)")
+        if region is not None:
+            self.macro.index(region, "region")
+            placement = Placement(region, "name")
+        else:
+            v = rtt_vector(rtt_s or {}, self.names)
+            placed = [(np.array(p.rtt_s), self.names.index(p.region)) for n, p in self.placements.items()
+                      if p.by == "rtt" and n != server]
+            r = place_by_rtt(v, 2 * self.macro.latency_s, placed)
+            placement = Placement(self.names[r], "rtt", tuple(v.tolist()))
+        there = self.registered_in(server)
+        if there is not None and there != placement.region:
+            raise RegionError(f"region: server {server!r} is registered in region {there!r}; it must leave there "
+                              f"before it joins {placement.region!r}")
+        self.placements[server] = placement
+        log.info("server %r placed in region %r (by %s)", server, placement.region, placement.by)
+        return placement
+
+    def regions_json(self) -> dict[str, Any]:
+        """Every region with its anchor, servers and the URL prefix its servers use; the inter-region RTTs."""
+        return {"regions": [{"name": n, "path": f"/regions/{n}", "anchor": self.anchors.get(n),
+                             "servers": sorted(o.registry.servers)} for n, o in self.regions.items()],
+                "rtt_s": (2 * self.macro.latency_s).tolist(),
+                "placements": {k: p.__dict__ for k, p in self.placements.items()}}
 
     # ---- leases -----------------------------------------------------------------------------------
 
@@ -183,5 +237,5 @@ class RegionalOrchestrator:
         for d in self.decisions:
             routed[self.names.index(d.origin), self.names.index(d.region)] += 1
         return {"policy": self.policy, "regions": self.names, "slot": self.macro.slot, "slot_s": self.macro.slot_s,
-                "plan": self.macro.plan.tolist(), "plans": self.plans[-last:],
+                "plan": self.macro.plan.tolist(), "ppo_plan": self.macro.ppo_plan.tolist(), "plans": self.plans[-last:],
                 "decisions": [d.__dict__ for d in self.decisions[-last:]], "routed": routed.tolist()}

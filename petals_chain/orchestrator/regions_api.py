@@ -1,8 +1,10 @@
 """HTTP/JSON API of the region-aware orchestrator: each region's own API under ``/regions/NAME``, leases in front.
 
 Routes besides every region's (``/regions/NAME/servers/register`` etc., exactly a single orchestrator's API):
-GET /health · GET /ready · GET /servers (every region's records, with their region) · GET /macro (policy, plans,
-routing decisions) · POST /macro/policy {policy} (torta | skylb | rr) · POST /macro/slot (close the slot now) ·
+GET /health · GET /ready · GET /servers (every region's records, with their region) · GET /regions (names, anchors,
+servers, placements) · POST /servers/place {name, region? | rtt_s?} (which region a server joins: the one it names,
+or the one its RTTs to the anchors cluster it into; it then registers under /regions/REGION) · GET /macro (policy,
+plans, routing decisions) · POST /macro/policy {policy} (torta | torta-ppo | skylb | rr) · POST /macro/slot ·
 POST /lease {origin? | rtt_s?, timeout_s?, ttl_s?, client?} · POST /lease/{id}/renew|release|report-failure.
 The same lease routes and /health under ``/origins/ORIGIN`` take the origin from the path, so a PETALS client
 given ``orchestrator=http://HOST:PORT/origins/ORIGIN`` leases for that origin unchanged.
@@ -20,7 +22,8 @@ from pydantic import Field, StrictFloat, StrictStr
 from petals_chain import defaults
 from petals_chain.orchestrator import bodies
 from petals_chain.orchestrator.api import _error_middleware, build_app
-from petals_chain.orchestrator.bodies import DEFAULT_WAIT_S, BadRequestError, Body, Label, TtlSeconds, WaitSeconds
+from petals_chain.orchestrator.bodies import DEFAULT_WAIT_S, BadRequestError, Body, Label, ServerName, TtlSeconds, \
+    WaitSeconds
 from petals_chain.orchestrator.regions import RegionalOrchestrator
 from petals_chain.torta.regional import RegionError
 
@@ -36,6 +39,14 @@ class RegionalLeaseBody(Body):
     ttl_s: TtlSeconds | None = None
     client: Label | None = None
     origin: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
+    rtt_s: dict[str, RttSeconds] | None = None
+
+
+class PlaceBody(Body):
+    """POST /servers/place: a server's name and its region, or its measured RTTs to every region's anchor."""
+
+    name: ServerName
+    region: Annotated[StrictStr, Field(min_length=1, max_length=128)] | None = None
     rtt_s: dict[str, RttSeconds] | None = None
 
 
@@ -86,6 +97,19 @@ async def _servers(request: web.Request) -> web.Response:
                for rec in orch.registry.servers.values()]
     version = sum(o.registry.version for o in reg.regions.values())
     return web.json_response({"version": version, "servers": servers})
+
+
+async def _regions(request: web.Request) -> web.Response:
+    """GET /regions: names, anchors, servers and placements of every region, and the inter-region RTTs."""
+    return web.json_response(_reg(request).regions_json())
+
+
+async def _place(request: web.Request) -> web.Response:
+    """POST /servers/place: the region a server joins (named, or clustered from its RTTs) and its URL prefix."""
+    body = await bodies.read(request, PlaceBody)
+    p = _reg(request).place(body.name, region=body.region, rtt_s=body.rtt_s)
+    return web.json_response({"name": body.name, "region": p.region, "by": p.by, "path": f"/regions/{p.region}",
+                              "rtt_s": p.rtt_s})
 
 
 async def _macro(request: web.Request) -> web.Response:
@@ -182,6 +206,8 @@ def build_regional_app(reg: RegionalOrchestrator, *, token: str | None = None, r
         app.router.add_post(prefix + "/lease/{lease_id}/report-failure", _report_failure)
     app.router.add_get("/ready", _ready)
     app.router.add_get("/servers", _servers)
+    app.router.add_post("/servers/place", _place)
+    app.router.add_get("/regions", _regions)
     app.router.add_get("/macro", _macro)
     app.router.add_post("/macro/policy", _set_policy)
     app.router.add_post("/macro/slot", _new_slot)

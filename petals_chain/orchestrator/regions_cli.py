@@ -1,9 +1,10 @@
 """``python -m petals_chain.orchestrator.regions_cli``: run the region-aware orchestrator (one per region + TORTA).
 
 Each region named by ``--regions`` composes its own servers (they register under ``/regions/NAME``); clients lease
-under ``/origins/ORIGIN`` (or POST /lease with ``origin``/``rtt_s``); ``--policy`` (torta, skylb, rr) routes each
-request to a region, the TORTA plan being recomputed every ``--slot`` from the regions' queues and the origins'
-arrivals, optionally refined by a PPO policy checkpoint (``--ppo-checkpoint``). Bad arguments: one line, exit 2.
+under ``/origins/ORIGIN`` (or POST /lease with ``origin``/``rtt_s``); ``--policy`` (torta, torta-ppo, skylb, rr) routes
+each request to a region, the TORTA plan being recomputed every ``--slot`` from the regions' queues and the origins'
+arrivals; torta-ppo routes by that plan refined by a PPO policy checkpoint (``--ppo-checkpoint``). Bad arguments:
+one line, exit 2.
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def latency_matrix(text: str, regions: int) -> np.ndarray:
     return lat
 
 
+def anchor_map(text: str, names: Sequence[str]) -> dict[str, str]:
+    """``"r0=http://10.0.0.1:8700/health,r1=..."`` → {region: URL}; RegionError naming --anchors otherwise."""
+    out: dict[str, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, sep, url = item.partition("=")
+        if not sep or not url.startswith(("http://", "https://")):
+            raise RegionError(f"--anchors: expected REGION=http://HOST:PORT/PATH items, got {item!r}")
+        if name not in names:
+            raise RegionError(f"--anchors: unknown region {name!r} (known: {', '.join(names)})")
+        out[name] = url
+    return out
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options (sizes and durations with units, as the single orchestrator's)."""
     p = OneLineParser(prog="python -m petals_chain.orchestrator.regions_cli", description=__doc__.splitlines()[0])
@@ -46,6 +60,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="how a region picks a chain: JFFC (default) or the micro layer's greedy score")
     p.add_argument("--slot", "--slot-s", dest="slot_s", type=duration_range(gt=0), metavar="DURATION", default=5.0,
                    help="the macro layer's slot (default 5 s)")
+    p.add_argument("--anchors", default="", help="per region, a URL in that region that servers started with "
+                   "--region auto measure their round trip to, e.g. 'eu=http://10.0.0.5:8700/health,us=...' "
+                   "(default: the front's /regions/NAME/health)")
     p.add_argument("--ppo-checkpoint", default=None, help="a PPO policy (python -m petals_chain.torta.train) for "
                    "as many regions, refining the OT plan")
     p.add_argument("--model-blocks", type=positive_int_arg, required=True)
@@ -100,7 +117,7 @@ def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily
         regions[name] = Orchestrator(registry, lease_ttl_s=args.lease_ttl_s,
                                      heartbeat_timeout_s=args.heartbeat_timeout_s or None, offer_when_serving=True,
                                      lease_manager=MICRO[args.micro])
-    return RegionalOrchestrator(regions, macro, policy=args.policy)
+    return RegionalOrchestrator(regions, macro, policy=args.policy, anchors=anchor_map(args.anchors, names))
 
 
 async def _run(args: argparse.Namespace) -> None:

@@ -34,6 +34,13 @@ def _reserve(text: str) -> float | None:
     return None if text == "auto" else parse_size(text)
 
 
+def _region(text: str) -> str:
+    """``--region``: a non-empty name without '/' (or 'auto'); ValueError otherwise."""
+    if not text or "/" in text or text != text.strip():
+        raise ValueError(f"expected a region name or 'auto', got {text!r}")
+    return text
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options; sizes and durations take units (20GB, 512MB; 500ms, 2s); bare numbers: bytes, seconds."""
     p = OneLineParser(prog="python -m petals_chain.server", description=__doc__.splitlines()[0])
@@ -41,6 +48,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="checkpoint directory (config.json + weights) or Hugging Face repository name (from the local "
                         "cache when HF_HUB_OFFLINE=1, the default here)")
     p.add_argument("--orchestrator", required=True, help="orchestrator URL, e.g. http://127.0.0.1:8700")
+    p.add_argument("--region", default=None, type=checked_text(_region, "region name"),
+                   help="at a region-aware orchestrator (regions_cli): join this region, or 'auto' to be placed by "
+                        "the measured round trips to the regions' anchors")
     p.add_argument("--memory-budget", required=True, type=checked_text(parse_size, "size"),
                    help="memory of this server, e.g. 20GB or 300MB")
     p.add_argument("--reserve", default="auto", type=checked_text(_reserve, "size"),
@@ -136,6 +146,11 @@ def build_server(args: argparse.Namespace) -> Any:
 
     token = role_token("server", args.token)
 
+    if args.region is not None:  # the front places us; from here on we talk to our region's orchestrator
+        from petals_chain.server.region import place_server
+
+        args.orchestrator, placed = place_server(args.orchestrator, name, args.region, token)
+        print(f"server {name!r} placed in region {placed['region']!r} (by {placed['by']})", flush=True)
     orch = BlockingOrchestrator(args.orchestrator, token=token)
 
     h = orch.run(lambda c: c.health(), timeout_s=defaults.CALL_TIMEOUT_S)

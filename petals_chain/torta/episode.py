@@ -51,8 +51,27 @@ def observation(util: np.ndarray, queue_ratio: np.ndarray, forecast: np.ndarray,
 def macro_plan(forecast: np.ndarray, capacity: np.ndarray, queue: np.ndarray, cost: np.ndarray,
                params: TortaParams) -> np.ndarray:
     """Prob_t: row-normalised OT plan from forecast origin shares onto residual capacity shares."""
-    nu = capacity if params.nu_total else np.maximum(0.05 * capacity, capacity - queue)
+    nu = capacity if params.nu_total else residual_capacity(capacity, queue, float(forecast.sum()))
     return row_normalise(ot_plan(forecast + 1e-6 * capacity.mean(), nu, cost, params))
+
+
+def residual_capacity(capacity: np.ndarray, queue: np.ndarray, demand: float) -> np.ndarray:
+    """ν with ``nu_total=False``: what each region can take of ``demand`` once its queue is served, water-filled so
+    that every region that gets work ends at the same backlog per capacity, ν_r = max(0, c_r·L − Q_r) with
+    Σ ν_r = demand (⚑; the former ``max(0.05·c, c − Q)`` flattened to capacity shares once every queue exceeded one
+    slot's capacity). A 1e−9·c floor keeps every column in the plan, below μ's 1e−6 floor, so that an origin
+    with no forecast is planned onto residual capacity too."""
+    c = np.maximum(np.asarray(capacity, dtype=np.float64), 1e-12)
+    q = np.maximum(np.asarray(queue, dtype=np.float64), 0.0)
+    demand = max(demand, 1e-9 * c.sum())
+    level = q / c  # L at which region r starts taking work; fill regions in that order
+    order = np.argsort(level, kind="stable")
+    for k in range(1, c.size + 1):
+        head = order[:k]
+        fill = (demand + q[head].sum()) / c[head].sum()
+        if k == c.size or fill <= level[order[k]]:
+            break
+    return np.maximum(c * fill - q, 0.0) + 1e-9 * c
 
 
 class Router:

@@ -10,7 +10,7 @@ Pure state over numpy arrays: the orchestrator feeds it counts and loads, it nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +20,9 @@ from petals_chain.torta.params import DEFAULT, TortaParams
 from petals_chain.torta.ppo import anchor_of
 from petals_chain.torta.transport import cost_matrix
 
-POLICIES = ("torta", "skylb", "rr")
+POLICIES = ("torta", "torta-ppo", "skylb", "rr")  # torta = the OT plan; torta-ppo = the plan a PPO policy refines
+RTT_TIE_S = 1e-4  # round trips this close are equal when a server is placed by RTT
+FORECAST_SLOTS = 3  # the live forecast is the mean arrivals of this many past slots
 # The live layer takes ν = capacity minus queue, so that a region's queue moves its share (⚑ nu_total=False).
 LIVE_PARAMS = DEFAULT.with_(nu_total=False)
 
@@ -37,6 +39,12 @@ class RegionLoad:
     queue: np.ndarray  # requests waiting in its FIFO queue
     free: np.ndarray  # slots free right now
     busy: np.ndarray  # slots held right now
+
+
+def moving_average(history: np.ndarray, regions: int) -> np.ndarray:
+    """Mean arrivals per origin over the rows of ``history`` (slots × origins); zeros when it has none."""
+    h = np.asarray(history, dtype=np.float64).reshape(-1, regions)
+    return h.mean(0) if h.shape[0] else np.zeros(regions)
 
 
 def check_latency(latency_s: np.ndarray, names: Sequence[str]) -> np.ndarray:
@@ -86,12 +94,67 @@ def cluster_by_rtt(rtt_s: np.ndarray, regions: int) -> np.ndarray:
     return np.array([order[x] for x in raw], dtype=int)
 
 
+def rtt_vector(rtt_s: Mapping[str, float], names: Sequence[str]) -> np.ndarray:
+    """A server's measured round trips to every region's anchor as a vector in region order; RegionError naming
+    the field when a region is missing or unknown, or a value is not a finite number >= 0."""
+    if not isinstance(rtt_s, Mapping):
+        raise RegionError(f"rtt_s: must map region names to seconds, got {type(rtt_s).__name__}")
+    unknown = sorted(set(rtt_s) - set(names))
+    if unknown:
+        raise RegionError(f"rtt_s: unknown region {unknown[0]!r} (known: {', '.join(names)})")
+    missing = [n for n in names if n not in rtt_s]
+    if missing:
+        raise RegionError(f"rtt_s: needs a round trip to every region's anchor, missing {missing[0]!r}")
+    for n in names:
+        v = rtt_s[n]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (np.isfinite(v) and v >= 0):
+            raise RegionError(f"rtt_s.{n}: must be a finite number >= 0, got {v!r}")
+    return np.array([float(rtt_s[n]) for n in names])
+
+
+def place_by_rtt(rtt: np.ndarray, anchor_rtt_s: np.ndarray, placed: Sequence[tuple[np.ndarray, int]] = ()) -> int:
+    """The region of a server from its RTTs to the regions' anchors, by :func:`cluster_by_rtt` (docs/torta.md,
+    "On the swarm: regions"): the anchors (their mutual RTTs ``anchor_rtt_s``), the servers placed by RTT before
+    (``placed``: their RTT vectors and regions) and the new server are cut into as many clusters as regions; the
+    new server takes the region with the most anchors and placed servers in its cluster, ties going to the smaller
+    RTT, then to the region listed first; alone in its cluster, it takes the anchor of the smallest RTT (same ties).
+    Round trips within ``RTT_TIE_S`` are equal; with no placed server in its cluster, a server as near to several
+    anchors as to its cluster's goes to the region listed first of them (the linkage's own tie order is not used).
+    Two servers' mutual RTT, which neither measured, is their shortest route through an anchor, min_r (rtt_i,r +
+    rtt_j,r): an upper bound, so that servers never pull a newcomer toward a region they may be far from."""
+    anchors = np.asarray(anchor_rtt_s, dtype=np.float64)
+    n = anchors.shape[0]
+    vecs = [np.asarray(v, dtype=np.float64) for v, _ in placed] + [np.asarray(rtt, dtype=np.float64)]
+    m = np.zeros((n + len(vecs), n + len(vecs)))
+    m[:n, :n] = anchors
+    for i, v in enumerate(vecs):
+        m[n + i, :n] = m[:n, n + i] = v
+        for j, w in enumerate(vecs[:i]):
+            m[n + i, n + j] = m[n + j, n + i] = (v + w).min()
+    np.fill_diagonal(m, 0.0)
+    labels = cluster_by_rtt(m, n)
+    mine = labels[-1]
+    votes = np.zeros(n)
+    for a in range(n):
+        votes[a] += labels[a] == mine
+    peers = 0
+    for k, (_, region) in enumerate(placed):
+        votes[region] += labels[n + k] == mine
+        peers += labels[n + k] == mine
+    v = np.round(vecs[-1] / RTT_TIE_S)  # round trips within RTT_TIE_S are equal
+    pool = np.arange(n) if not votes.any() else np.flatnonzero(votes == votes.max())
+    best = min(pool, key=lambda r: (v[r], r))
+    if not peers:  # anchors alone decide: the linkage breaks exact ties in its own order, this rule in region order
+        best = int(np.flatnonzero(v == v[best])[0])
+    return int(best)
+
+
 class RegionalMacro:
     """Per-slot plan A_t over live regions and the per-request region choice of each policy."""
 
     def __init__(self, names: Sequence[str], latency_s: np.ndarray, *, slot_s: float,
                  params: TortaParams = LIVE_PARAMS, price_per_kwh: np.ndarray | None = None,
-                 policy: Policy | None = None, forecast_slots: int = 3) -> None:
+                 policy: Policy | None = None, forecast_slots: int = FORECAST_SLOTS) -> None:
         self.names = list(names)
         self.latency_s = check_latency(latency_s, self.names)
         if not slot_s > 0:
@@ -108,9 +171,10 @@ class RegionalMacro:
         self.history: deque[np.ndarray] = deque(maxlen=forecast_slots)
         self.counts = np.zeros(n)  # arrivals per origin in the current slot
         self.slot = 0
-        self.plan = np.eye(n)  # A_t: before the first slot every origin stays at home
-        self.prob = np.eye(n)
-        self.router = Router(n)
+        self.plan = np.eye(n)  # A_t of TORTA-OT (= Prob_t): before the first slot every origin stays at home
+        self.prob = self.plan
+        self.ppo_plan = np.eye(n)  # A_t of TORTA-PPO (the policy's refinement; without a policy, Prob_t)
+        self.router, self.ppo_router = Router(n), Router(n)
         self._rr = 0
 
     def index(self, name: str, field: str = "region") -> int:
@@ -123,12 +187,11 @@ class RegionalMacro:
     def forecast(self) -> np.ndarray:
         """F_t per origin: the mean arrivals of the last ``forecast_slots`` slots (⚑ the trained MLP predictor
         is per topology; live regions have no training history, so a moving average stands in)."""
-        if not self.history:
-            return np.zeros(len(self.names))
-        return np.mean(np.stack(self.history), axis=0)
+        return moving_average(np.array(self.history), len(self.names))
 
     def new_slot(self, load: RegionLoad) -> np.ndarray:
-        """Close the current slot (its counts enter the history) and compute A_t for the next one."""
+        """Close the current slot (its counts enter the history), compute A_t for the next one (the OT plan; the
+        policy's refinement goes to ``ppo_plan``) and return the OT plan."""
         self.history.append(self.counts)
         self.counts = np.zeros(len(self.names))
         self.slot += 1
@@ -136,7 +199,7 @@ class RegionalMacro:
         cap = np.asarray(load.capacity_per_slot, dtype=float)
         if not (cap > 0).any() or not f.sum() > 0:
             self.prob = np.eye(len(self.names))  # nothing to plan: every origin stays at home
-            self.plan = self.prob
+            self.plan = self.ppo_plan = self.prob
             return self.plan
         cap = np.maximum(cap, 1e-9)
         prob = macro_plan(f, cap, np.asarray(load.queue, dtype=float), self.cost, self.params)
@@ -144,9 +207,10 @@ class RegionalMacro:
         if self.policy is not None:
             total = np.maximum(load.free + load.busy, 1)
             obs = observation(load.busy / total, load.queue / cap, f, f.sum() / cap.sum(), self.slot,
-                              86400.0 / self.slot_s, prob, self.plan)
-            a_t = self.policy(obs, anchor_of(self.plan, prob, self.params))
-        self.prob, self.plan = prob, a_t
+                              86400.0 / self.slot_s, prob, self.ppo_plan)
+            a_t = self.policy(obs, anchor_of(self.ppo_plan, prob, self.params))
+        self.prob = self.plan = prob
+        self.ppo_plan = a_t
         return self.plan
 
     def choose(self, origin: int, policy: str, load: RegionLoad) -> int:
@@ -154,6 +218,8 @@ class RegionalMacro:
         self.counts[origin] += 1
         if policy == "torta":
             return self.router.pick(origin, self.plan[origin])
+        if policy == "torta-ppo":
+            return self.ppo_router.pick(origin, self.ppo_plan[origin])
         if policy == "skylb":  # a free local slot, else the nearest region with one, else the origin's queue
             for r in self.nearest_order[origin]:
                 if load.free[r] > 0:

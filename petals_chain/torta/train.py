@@ -1,7 +1,8 @@
 """Training of the macro policy with PPO on the fluid environment; CLI with --seed, progress, checkpoints, curve.
 
 ``python -m petals_chain.torta.train --topology abilene [--episodes N] [--quick] [--seed S] [--out DIR]``
-writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt.
+writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt; ``--topology
+live3`` trains for the live demo's regions (``petals_chain.torta.live``).
 docs/torta.md, "Macro layer: PPO".
 """
 
@@ -182,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     from petals_chain.experiments.common import REPO, write_csv
     from petals_chain.torta.episode import make_scenario, oracle_forecast
     from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
+    from petals_chain.torta import live
     from petals_chain.torta.topology import TOPOHUB_KEYS
 
     ap = argparse.ArgumentParser(prog="python -m petals_chain.torta.train", description=__doc__)
-    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS))
+    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS) + [live.TOPOLOGY],
+                    help=f"a topohub network, or {live.TOPOLOGY}: the live demo's three regions (torta-live)")
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
@@ -197,9 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --episodes must be >= 1", file=sys.stderr)
         return 2
     params = QUICK_TRAINING if args.quick else DEFAULT
-    slots = 32 if args.quick else DEFAULT.slots
-    sc = make_scenario(args.topology, params, args.seed, slots)
-    res = train([sc], oracle_forecast, episodes, args.seed, use_ot=not args.no_ot,
+    if args.topology == live.TOPOLOGY:  # the live arrivals (other seeds) with the live moving-average forecast
+        scenarios, forecast = live.training_scenarios(args.seed), live.live_forecast
+    else:
+        slots = 32 if args.quick else DEFAULT.slots
+        scenarios, forecast = [make_scenario(args.topology, params, args.seed, slots)], oracle_forecast
+    res = train(scenarios, forecast, episodes, args.seed, use_ot=not args.no_ot,
                 checkpoint_dir=args.out / "checkpoints")
     name = f"torta-train-{args.topology}"
     write_csv(args.out / f"{name}.csv", res.curve)

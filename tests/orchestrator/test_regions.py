@@ -188,3 +188,44 @@ def test_http_origin_in_path_or_body_rtt_inference_and_errors() -> None:
                 h = await r.json()
                 assert h["servers_registered"] == 4 and set(h["regions"]) == set(NAMES)
     asyncio.run(run())
+
+
+def test_servers_are_placed_by_name_or_by_rtt_and_bad_placements_lose_nothing() -> None:
+    """POST /servers/place: a named region answers its URL prefix, where the server then registers; RTTs to the
+    anchors place a server in the nearest region (anchors from --anchors, shown by GET /regions); an unknown region,
+    a malformed report, neither or both, and a server alive in another region are 400s naming the field, and
+    neither the placements nor any registry change."""
+    async def run() -> None:
+        reg = make_regional()
+        reg.anchors = {"r1": "http://10.9.9.9:1/health"}
+        async with serving(reg) as url, aiohttp.ClientSession() as http:
+            async with http.post(url + "/servers/place", json={"name": "n1", "region": "r1"}) as r:
+                placed = await r.json()
+                assert r.status == 200 and placed["region"] == "r1" and placed["path"] == "/regions/r1"
+                assert placed["by"] == "name"
+            body = {"name": "n1", "memory_bytes": 4.9 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01}
+            async with http.post(url + placed["path"] + "/servers/register", json=body) as r:
+                assert r.status == 200 and "n1" in reg.regions["r1"].registry.servers
+            rtt = {"r0": 0.124, "r1": 0.086, "r2": 0.011}
+            async with http.post(url + "/servers/place", json={"name": "m1", "rtt_s": rtt}) as r:
+                placed = await r.json()
+                assert r.status == 200 and placed["region"] == "r2" and placed["by"] == "rtt"
+                assert placed["rtt_s"] == [0.124, 0.086, 0.011]
+            async with http.get(url + "/regions") as r:
+                view = await r.json()
+                assert [x["name"] for x in view["regions"]] == NAMES
+                assert view["regions"][1]["anchor"] == "http://10.9.9.9:1/health"
+                assert view["regions"][1]["servers"] == ["a1", "n1"]
+                assert set(view["placements"]) == {"n1", "m1"}
+            before = ({k: dict(o.registry.servers) for k, o in reg.regions.items()}, dict(reg.placements))
+            for bad, field in (({"name": "x", "region": "mars"}, "region"), ({"name": "x"}, "region"),
+                               ({"name": "x", "region": "r0", "rtt_s": rtt}, "region"),
+                               ({"name": "x", "rtt_s": {"r0": 0.1}}, "rtt_s"),
+                               ({"name": "x", "rtt_s": {**rtt, "r3": 0.1}}, "rtt_s"),
+                               ({"name": "x", "rtt_s": {**rtt, "r0": -1.0}}, "rtt_s"),
+                               ({"name": "n1", "region": "r2"}, "region")):
+                async with http.post(url + "/servers/place", json=bad) as r:
+                    err = await r.json()
+                    assert r.status == 400 and field in err["fields"][0], (bad, err)
+            assert ({k: dict(o.registry.servers) for k, o in reg.regions.items()}, dict(reg.placements)) == before
+    asyncio.run(run())

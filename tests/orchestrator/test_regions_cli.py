@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from petals_chain.orchestrator.regions_cli import build, latency_matrix, main, parse_args
+from petals_chain.orchestrator.regions_cli import anchor_map, build, latency_matrix, main, parse_args
 from petals_chain.torta.ppo import BetaPolicy
 from petals_chain.torta.regional import RegionError, RegionLoad
 
@@ -25,7 +25,8 @@ def checkpoint(path: Path, regions: int) -> Path:
 
 
 def test_checkpoint_policy_drives_the_plan(tmp_path: Path) -> None:
-    """With --ppo-checkpoint the slot's plan is the policy's (near its anchor), not the bare OT plan."""
+    """With --ppo-checkpoint, torta-ppo's plan is the policy's (near its anchor), torta's stays the bare OT plan;
+    without one, torta-ppo is refused naming the policy."""
     args = parse_args(["--regions", "a,b,c", "--latency-ms", "5,60,25;60,5,40;25,40,5", "--ppo-checkpoint",
                        str(checkpoint(tmp_path / "p.pt", 3)), *MODEL])
     reg = build(args)
@@ -33,7 +34,13 @@ def test_checkpoint_policy_drives_the_plan(tmp_path: Path) -> None:
     reg.macro.counts[:] = [9.0, 1.0, 0.0]
     cap = np.full(3, 10.0)
     plan = reg.macro.new_slot(RegionLoad(cap, np.zeros(3), cap, np.zeros(3)))
-    assert np.allclose(plan.sum(1), 1.0) and not np.allclose(plan, reg.macro.prob)
+    assert np.array_equal(plan, reg.macro.prob)
+    ppo = reg.macro.ppo_plan
+    assert np.allclose(ppo.sum(1), 1.0) and not np.allclose(ppo, reg.macro.prob)
+    assert reg.check_policy("torta-ppo") == "torta-ppo"
+    bare = build(parse_args(["--regions", "a,b,c", "--latency-ms", "5,60,25;60,5,40;25,40,5", *MODEL]))
+    with pytest.raises(RegionError, match="policy: torta-ppo needs"):
+        bare.check_policy("torta-ppo")
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,6 +53,11 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     assert "--latency-ms" in capsys.readouterr().err
     with pytest.raises(RegionError, match="--latency-ms"):
         latency_matrix("0,x;1,0", 2)
+    assert main(["--regions", "a,b", "--latency-ms", "0,1;1,0", "--anchors", "z=http://h:1/health", *MODEL]) == 2
+    assert capsys.readouterr().err.startswith("error: --anchors: unknown region 'z'")
+    with pytest.raises(RegionError, match="--anchors: expected"):
+        anchor_map("a=ftp://h", ["a"])
+    assert anchor_map("a=http://h:1/x, b=https://g/y", ["a", "b"]) == {"a": "http://h:1/x", "b": "https://g/y"}
     assert np.allclose(latency_matrix("0,20;20,0", 2), [[0, 0.02], [0.02, 0]])
 
 

@@ -89,8 +89,16 @@ def test_our_checked_span_claim_is_still_accepted() -> None:
 
 @pytest.mark.parametrize("extra", [["--throughput", "-3"], ["--throughput", "dry_run"], ["--max_batch_size", "0"],
                                    ["--num_handlers", "1.5"], ["--torch_dtype", "int3"], ["--quant_type", "fp4"],
-                                   ["--port", "70000"]])
+                                   ["--port", "70000"], ["--region", "eu/west"], ["--region", ""],
+                                   ["--region", " eu"]])
 def test_bad_values_exit_2_in_one_line(extra: list[str], capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args([*BASE, *extra])
     assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_region_is_a_name_or_auto() -> None:
+    """--region keeps a region name or 'auto' as given; no --region: the plain orchestrator URL is used."""
+    assert parse_args([*BASE, "--region", "eu-west"]).region == "eu-west"
+    assert parse_args([*BASE, "--region", "auto"]).region == "auto"
+    assert parse_args(BASE).region is None
