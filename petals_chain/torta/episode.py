@@ -29,9 +29,13 @@ Forecast = Callable[[np.ndarray, int], np.ndarray]
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (observation, anchor) -> A_t
 
 
-def make_scenario(topology: str, params: TortaParams, seed: int, slots: int | None = None) -> Scenario:
-    """The seeded scenario: regions (GPUs, prices), tasks and warm-ups from one SeedSequence."""
+def make_scenario(topology: str, params: TortaParams, seed: int, slots: int | None = None,
+                  arrivals_seed: int | None = None) -> Scenario:
+    """The seeded scenario: regions (GPUs, prices), tasks and warm-ups from one SeedSequence; with
+    ``arrivals_seed`` the same system (regions, GPUs, prices, warm-ups) sees the arrivals of that other seed."""
     s_reg, s_tasks, s_warm = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    if arrivals_seed is not None:
+        s_tasks = np.random.default_rng(np.random.SeedSequence(arrivals_seed).spawn(3)[1])
     slots = slots or params.slots
     regions = load_regions(topology, params, s_reg)
     tasks = make_tasks(regions, params, s_tasks, slots)
