@@ -12,7 +12,9 @@ from petals_chain.torta.episode import oracle_forecast
 from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
 from petals_chain.torta.train import deterministic_distance, train
 
-TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3)
+# the paper's ν (total capacity shares): with the default queue-aware ν the fluid queues move the plan too, and the
+# same 60 episodes end 0.197 from it (docs/torta.md, "Macro layer: PPO")
+TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3, nu_total=True)
 
 
 def smooth_forecast(counts: np.ndarray, t: int) -> np.ndarray:
