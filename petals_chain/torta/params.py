@@ -67,7 +67,7 @@ class TortaParams:
     ot_w2: float = 1.0
     ot_mode: str = "balanced"  # or "unbalanced" (⚑)
     # ν = capacity minus queue (⚑): with total capacity shares (True) a region's backlog never moves the plan, and
-    # a forecast error piles requests on one region for the whole episode (docs/torta.md, "What the quick run shows")
+    # a forecast error piles requests on one region for the whole episode (docs/torta.md, "Why TORTA lagged SkyLB")
     nu_total: bool = False
     ot_sinkhorn_reg: float = 0.05  # ``ot_mode="sinkhorn"``: entropic weight on the per-column-relative cost (⚑)
     ot_unbalanced_reg: float = 0.05
