@@ -75,8 +75,11 @@ class EvalTask:
         return {"rows": rows, "curve": st.curve}
 
 
+Runs = tuple[tuple[float | None, tuple[str, ...]], ...]  # (forecast accuracy or None, methods) pairs
+
+
 def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
-                      runs: tuple[tuple[float | None, tuple[str, ...]], ...] = ((None, ORDER),)) -> list[dict[str, Any]]:
+                      runs: Runs = ((None, ORDER),)) -> list[dict[str, Any]]:
     """Every seed of ``topology`` (policies trained per seed's system); writes the first seed's learning curve."""
     task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints")
     out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}")
@@ -99,7 +102,8 @@ def comparison_rows(args: Any) -> list[dict[str, Any]]:
     rs = settings(args)
     rows: list[dict[str, Any]] = []
     for topo in TOPOLOGIES:
-        rows += [{**r, "base_seed": args.seed, "code_digest": digest} for r in evaluate_topology(topo, args, rs, rs.seeds)]
+        rows += [{**r, "base_seed": args.seed, "code_digest": digest}
+                 for r in evaluate_topology(topo, args, rs, rs.seeds)]
     write_csv(path, rows)
     return read_rows(path)
 
