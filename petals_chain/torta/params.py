@@ -75,6 +75,10 @@ class TortaParams:
     # predictor (§V-B)
     history_k: int = 5
     anchor_mix: float = 0.3  # η of the policy's anchor (1 − η)·A_{t−1} + η·Prob_t (⚑)
+    # ⚑ decision-time bound on the policy's move away from its anchor, ‖A − anchor‖_F ≤ policy_trust (constraint (5)'s
+    # ε enforced when acting; inf: off). A 15-episode policy overloaded one region on some seeds without it
+    # (docs/torta.md, "Why TORTA lagged SkyLB")
+    policy_trust: float = 0.15
     # reward (3) (⚑ λ1, λ2, Q_max)
     lambda1: float = 0.5
     lambda2: float = 0.5
@@ -126,7 +130,7 @@ class TortaParams:
             if not getattr(self, name) >= 0:
                 raise TortaParamError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         positive = ("slot_s", "proc_min_s", "target_load", "lr", "eps_target", "s_target",
-                    "eps0", "s0", "slots", "server_slots", "history_k", "minibatch", "epochs",
+                    "eps0", "s0", "policy_trust", "slots", "server_slots", "history_k", "minibatch", "epochs",
                     "rollouts_per_update")
         for name in positive:
             if not getattr(self, name) > 0:
