@@ -15,7 +15,7 @@ import numpy as np
 
 from petals_chain.experiments.common import code_digest, mean_ci, write_csv
 from petals_chain.sim.montecarlo import run_replications
-from petals_chain.torta.compare import Setup, evaluate, prepare
+from petals_chain.torta.compare import evaluate, prepare
 from petals_chain.torta.params import DEFAULT, TortaParams
 from petals_chain.torta.train import plot_curve
 
@@ -56,25 +56,39 @@ def settings(args: Any) -> RunSettings:
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One evaluation seed of one topology (picklable for the process pool)."""
+    """One evaluation seed of one topology (picklable for the process pool): train for that seed's system, then
+    run each (forecast accuracy, methods) pair of ``runs`` on its arrivals (accuracy None: the learned predictor)."""
 
-    setup: Setup
-    accuracy: float | None = None
-    methods: tuple[str, ...] = ORDER
+    topology: str
+    rs: RunSettings
+    base_seed: int
+    runs: tuple[tuple[float | None, tuple[str, ...]], ...] = ((None, ORDER),)
+    checkpoint_dir: Path | None = None
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
-        """All methods on the scenario of this replication's seed; rows under key 'rows'."""
+        """Rows under 'rows' (with their 'accuracy'), the learning curve under 'curve'."""
         s = int(seed.generate_state(1)[0] % 2**31)
-        return {"rows": evaluate(self.setup, s, self.methods, self.accuracy)}
+        st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, s, progress=False,
+                     checkpoint_dir=self.checkpoint_dir if index == 0 else None)
+        rows = [{**r, "accuracy": float("nan") if acc is None else acc}
+                for acc, methods in self.runs for r in evaluate(st, methods, acc)]
+        return {"rows": rows, "curve": st.curve}
 
 
-def setup_for(topology: str, args: Any, rs: RunSettings) -> Setup:
-    """Train (predictor, TORTA policy, RL-no-OT policy) for one topology; writes its learning curve."""
-    st = prepare(topology, rs.params, rs.slots, rs.episodes, args.seed, checkpoint_dir=args.out / "checkpoints")
+Runs = tuple[tuple[float | None, tuple[str, ...]], ...]  # (forecast accuracy or None, methods) pairs
+
+
+def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
+                      runs: Runs = ((None, ORDER),)) -> list[dict[str, Any]]:
+    """Every seed of ``topology`` (policies trained per seed's system); writes the first seed's learning curve."""
+    task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints")
+    out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}")
+    curve = out[0]["curve"]
     name = f"torta-train-{topology}"
-    write_csv(args.out / f"{name}.csv", st.curve)
-    plot_curve(st.curve, args.out / f"{name}.png", f"PPO on {topology} (seed {args.seed}, {rs.episodes} episodes)")
-    return st
+    write_csv(args.out / f"{name}.csv", curve)
+    plot_curve(curve, args.out / f"{name}.png", f"PPO on {topology} (first seed of --seed {args.seed}, "
+               f"{rs.episodes} episodes)")
+    return [r for rep in out for r in rep["rows"]]
 
 
 def comparison_rows(args: Any) -> list[dict[str, Any]]:
@@ -88,10 +102,8 @@ def comparison_rows(args: Any) -> list[dict[str, Any]]:
     rs = settings(args)
     rows: list[dict[str, Any]] = []
     for topo in TOPOLOGIES:
-        st = setup_for(topo, args, rs)
-        out = run_replications(EvalTask(st), rs.seeds, args.seed, workers=rs.workers, desc=f"eval {topo}")
-        for rep in out:
-            rows += [{**r, "base_seed": args.seed, "code_digest": digest} for r in rep["rows"]]
+        rows += [{**r, "base_seed": args.seed, "code_digest": digest}
+                 for r in evaluate_topology(topo, args, rs, rs.seeds)]
     write_csv(path, rows)
     return read_rows(path)
 

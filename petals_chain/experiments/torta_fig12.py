@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from petals_chain.experiments.common import Summary, mean_ci, plt, write_csv
-from petals_chain.experiments.torta_common import EvalTask, settings, setup_for
-from petals_chain.sim.montecarlo import run_replications
+from petals_chain.experiments.torta_common import evaluate_topology, settings
 
 TOPOLOGY = "abilene"
 BASELINES = ("SkyLB", "SDIB", "RR")
@@ -17,13 +16,7 @@ def run(args) -> Summary:
     rs = settings(args)
     seeds = 3 if args.quick else rs.seeds
     pas = [0.1, 0.3, 0.5, 0.7, 0.9]
-    st = setup_for(TOPOLOGY, args, rs)
-    rows = []
-    for pa in pas:
-        out = run_replications(EvalTask(st, pa, ("TORTA",)), seeds, args.seed, workers=rs.workers, desc=f"PA {pa}")
-        rows += [{**r, "accuracy": pa} for rep in out for r in rep["rows"]]
-    out = run_replications(EvalTask(st, None, BASELINES), seeds, args.seed, workers=rs.workers, desc="baselines")
-    rows += [{**r, "accuracy": float("nan")} for rep in out for r in rep["rows"]]
+    rows = evaluate_topology(TOPOLOGY, args, rs, seeds, tuple((pa, ("TORTA",)) for pa in pas) + ((None, BASELINES),))
     write_csv(args.out / "torta-fig12.csv", rows)
     torta = [mean_ci([r["mean_response_s"] for r in rows if r["method"] == "TORTA" and r["accuracy"] == pa])
              for pa in pas]

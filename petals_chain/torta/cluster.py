@@ -45,6 +45,7 @@ class Cluster:
         self.members = [np.flatnonzero(self.region == i) for i in range(r)]
         self.ready_at = np.full(n, np.inf)
         self.finish = np.zeros((n, p.server_slots))
+        self.lane_free = np.zeros(n)  # earliest end of a lane per server (= finish.min(1)): free iff ≤ now
         self.busy_until = np.zeros(n)
         self.last_model = np.full(n, -1)
         self.last_ts = np.zeros(n)
@@ -73,9 +74,7 @@ class Cluster:
     # --- queries -----------------------------------------------------------------------------------
     def free(self, servers: np.ndarray, now_s: float) -> np.ndarray:
         """The subset of ``servers`` that are on and hold fewer than ``server_slots`` tasks at ``now_s``."""
-        ok = self.ready_at[servers] <= now_s
-        out = (self.finish[servers] > now_s).sum(1)
-        return servers[ok & (out < self.p.server_slots)]
+        return servers[(self.ready_at[servers] <= now_s) & (self.lane_free[servers] <= now_s)]
 
     def outstanding(self, servers: np.ndarray, now_s: float) -> np.ndarray:
         """Tasks held (running + queued) by each of ``servers`` at ``now_s``."""
@@ -104,6 +103,7 @@ class Cluster:
         end = start + dur
         self.busy_until[s] = max(self.busy_until[s], end)
         row[lane] = end
+        self.lane_free[s] = row.min()
         self.last_model[s], self.last_ts[s] = t.model[i], end
         r = self.region[s]
         self.served_region[i] = r

@@ -1,7 +1,8 @@
 """Every method on the same seeded scenarios of one topology: train the policies, run the episodes, keep rows.
 
-docs/torta.md, "Methods". Policies are trained on a scenario drawn from a seed outside the evaluation seeds
-(and the predictor on another), so evaluation arrivals are never seen in training.
+docs/torta.md, "Methods". A policy is trained for the system it is evaluated on (the seed's regions, GPUs, prices
+and warm-ups, as a deployment trains its own), under arrivals drawn from seeds outside the evaluation seeds (and the
+predictor under others), so evaluation arrivals are never seen in training.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ PREDICTOR_SEED_OFFSET = 20_000
 
 @dataclass
 class Setup:
-    """What one topology's evaluation needs: parameters, the two trained policies and the predictor."""
+    """What one system's evaluation needs: parameters, the two trained policies and the predictor."""
 
     topology: str
     params: TortaParams
     slots: int
+    seed: int  # the system's seed (regions, GPUs, prices, warm-ups); evaluation uses its own arrivals
     policy: BetaPolicy
     policy_no_ot: BetaPolicy
     predictor: DemandPredictor
@@ -38,27 +40,29 @@ class Setup:
 
 def prepare(topology: str, params: TortaParams, slots: int, episodes: int, seed: int,
             checkpoint_dir: Path | None = None, progress: bool = True) -> Setup:
-    """Train the predictor (offline series), the TORTA policy and the RL-without-OT policy for ``topology``."""
+    """Train the predictor (offline series), the TORTA policy and the RL-without-OT policy for the system of
+    ``seed`` on ``topology``, under arrivals of other seeds."""
     torch.set_num_threads(1)
     spd = 86400.0 / params.slot_s
-    scs = [make_scenario(topology, params, seed + PREDICTOR_SEED_OFFSET + k, slots) for k in range(2)]
+    scs = [make_scenario(topology, params, seed, slots, arrivals_seed=seed + PREDICTOR_SEED_OFFSET + k)
+           for k in range(2)]
     series = [s.tasks.counts(slots, s.regions.n_regions) for s in scs]
     predictor = train_predictor(series, params.history_k, spd, seed)
-    sc_train = make_scenario(topology, params, seed + TRAIN_SEED_OFFSET, slots)
+    sc_train = make_scenario(topology, params, seed, slots, arrivals_seed=seed + TRAIN_SEED_OFFSET)
 
     def fc(counts: np.ndarray, t: int) -> np.ndarray:
         return predictor.predict(counts, t, spd)
 
     res = train([sc_train], fc, episodes, seed, use_ot=True, checkpoint_dir=checkpoint_dir, progress=progress)
     res_no = train([sc_train], fc, episodes, seed, use_ot=False, checkpoint_dir=None, progress=progress)
-    return Setup(topology, params, slots, res.policy, res_no.policy, predictor, res.curve)
+    return Setup(topology, params, slots, seed, res.policy, res_no.policy, predictor, res.curve)
 
 
-def evaluate(setup: Setup, seed: int, methods: tuple[str, ...] = METHODS,
+def evaluate(setup: Setup, methods: tuple[str, ...] = METHODS,
              forecast_accuracy: float | None = None) -> list[dict[str, Any]]:
-    """Run ``methods`` on the scenario of ``seed``; one row of metrics per method (same arrivals for all)."""
+    """Run ``methods`` on the scenario of the setup's seed; one row of metrics per method (same arrivals for all)."""
     torch.set_num_threads(1)
-    p = setup.params
+    p, seed = setup.params, setup.seed
     sc = make_scenario(setup.topology, p, seed, setup.slots)
     spd = 86400.0 / p.slot_s
     if forecast_accuracy is None:

@@ -16,6 +16,7 @@ from petals_chain.torta.cluster import Cluster, Scenario
 from petals_chain.torta.metrics import load_balance, switching_cost
 from petals_chain.torta.micro import pool_target, reactive_target
 from petals_chain.torta.params import TortaParams
+from petals_chain.torta.ppo import anchor_of, within_trust
 from petals_chain.torta.topology import load_regions
 from petals_chain.torta.transport import cost_matrix, ot_plan, row_normalise
 from petals_chain.torta.workload import make_tasks
@@ -29,9 +30,13 @@ Forecast = Callable[[np.ndarray, int], np.ndarray]
 Policy = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (observation, anchor) -> A_t
 
 
-def make_scenario(topology: str, params: TortaParams, seed: int, slots: int | None = None) -> Scenario:
-    """The seeded scenario: regions (GPUs, prices), tasks and warm-ups from one SeedSequence."""
+def make_scenario(topology: str, params: TortaParams, seed: int, slots: int | None = None,
+                  arrivals_seed: int | None = None) -> Scenario:
+    """The seeded scenario: regions (GPUs, prices), tasks and warm-ups from one SeedSequence; with
+    ``arrivals_seed`` the same system (regions, GPUs, prices, warm-ups) sees the arrivals of that other seed."""
     s_reg, s_tasks, s_warm = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    if arrivals_seed is not None:
+        s_tasks = np.random.default_rng(np.random.SeedSequence(arrivals_seed).spawn(3)[1])
     slots = slots or params.slots
     regions = load_regions(topology, params, s_reg)
     tasks = make_tasks(regions, params, s_tasks, slots)
@@ -136,7 +141,10 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
                 ureg = np.bincount(c.region, weights=util_prev, minlength=n_r) / np.maximum(
                     1, np.bincount(c.region, weights=on, minlength=n_r))
                 obs = observation(ureg, queue / c.cap_region, f, f.sum() / c.cap_region.sum(), t, spd, prob, a_prev)
-                a_t = policy(obs, (1 - p.anchor_mix) * a_prev + p.anchor_mix * prob)
+                anchor = anchor_of(a_prev, prob, p)
+                a_t = policy(obs, anchor)
+                if method == "TORTA":  # RL-no-OT has no anchor to stay near
+                    a_t = within_trust(a_t, anchor, p)
             macro_a_switch.append(switching_cost(a_t, a_prev))
             inflow = f @ a_t
             for r in range(n_r) if t >= p.warm_start_slots else ():

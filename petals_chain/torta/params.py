@@ -36,6 +36,8 @@ GPU_KINDS: tuple[GpuKind, ...] = (
 )
 
 # Table I(a): diameter latency per topology (ms) that shortest-path km are scaled to (⚑ scaling rule)
+OT_MODES = ("balanced", "sinkhorn", "unbalanced")  # docs/torta.md, "Macro layer: optimal transport"
+
 DIAMETER_MS = {"abilene": 25.0, "polska": 45.0, "gabriel25": 80.0, "cost266": 150.0}
 
 
@@ -64,12 +66,19 @@ class TortaParams:
     ot_w1: float = 100.0
     ot_w2: float = 1.0
     ot_mode: str = "balanced"  # or "unbalanced" (⚑)
-    nu_total: bool = True  # ν = total capacity shares (paper); False: capacity minus queue (⚑)
+    # ν = capacity minus queue (⚑): with total capacity shares (True) a region's backlog never moves the plan, and
+    # a forecast error piles requests on one region for the whole episode (docs/torta.md, "Why TORTA lagged SkyLB")
+    nu_total: bool = False
+    ot_sinkhorn_reg: float = 0.05  # ``ot_mode="sinkhorn"``: entropic weight on the per-column-relative cost (⚑)
     ot_unbalanced_reg: float = 0.05
     ot_unbalanced_tau: float = 0.5
     # predictor (§V-B)
     history_k: int = 5
     anchor_mix: float = 0.3  # η of the policy's anchor (1 − η)·A_{t−1} + η·Prob_t (⚑)
+    # ⚑ decision-time bound on the policy's move away from its anchor, ‖A − anchor‖_F ≤ policy_trust (constraint (5)'s
+    # ε enforced when acting; inf: off). A 15-episode policy overloaded one region on some seeds without it
+    # (docs/torta.md, "Why TORTA lagged SkyLB")
+    policy_trust: float = 0.15
     # reward (3) (⚑ λ1, λ2, Q_max)
     lambda1: float = 0.5
     lambda2: float = 0.5
@@ -121,15 +130,15 @@ class TortaParams:
             if not getattr(self, name) >= 0:
                 raise TortaParamError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         positive = ("slot_s", "proc_min_s", "target_load", "lr", "eps_target", "s_target",
-                    "eps0", "s0", "slots", "server_slots", "history_k", "minibatch", "epochs",
+                    "eps0", "s0", "policy_trust", "slots", "server_slots", "history_k", "minibatch", "epochs",
                     "rollouts_per_update")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise TortaParamError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if self.proc_max_s < self.proc_min_s:
             raise TortaParamError(f"proc_max_s: must be >= proc_min_s ({self.proc_min_s}), got {self.proc_max_s}")
-        if self.ot_mode not in ("balanced", "unbalanced"):
-            raise TortaParamError(f"ot_mode: must be 'balanced' or 'unbalanced', got {self.ot_mode!r}")
+        if self.ot_mode not in OT_MODES:
+            raise TortaParamError(f"ot_mode: must be one of {', '.join(OT_MODES)}, got {self.ot_mode!r}")
         if not 0 <= self.diurnal_amplitude < 1:
             raise TortaParamError(f"diurnal_amplitude: must be in [0, 1), got {self.diurnal_amplitude}")
         if self.price_max < self.price_min or self.price_min <= 0:

@@ -81,6 +81,13 @@ def anchor_of(a_prev: np.ndarray, prob: np.ndarray, p: TortaParams) -> np.ndarra
     return (1 - p.anchor_mix) * a_prev + p.anchor_mix * prob
 
 
+def within_trust(a: np.ndarray, anchor: np.ndarray, p: TortaParams) -> np.ndarray:
+    """A pulled back towards its anchor along the segment until ‖A − anchor‖_F ≤ ``policy_trust`` (rows stay
+    distributions: a convex combination of two)."""
+    d = float(np.linalg.norm(a - anchor))
+    return a if d <= p.policy_trust else anchor + (a - anchor) * (p.policy_trust / d)
+
+
 def gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimates and returns of one episode (terminal at its end)."""
     adv = np.zeros_like(rewards)

@@ -17,7 +17,7 @@ import numpy as np
 
 from petals_chain.torta.episode import Policy, Router, macro_plan, observation
 from petals_chain.torta.params import DEFAULT, TortaParams
-from petals_chain.torta.ppo import anchor_of
+from petals_chain.torta.ppo import anchor_of, within_trust
 from petals_chain.torta.transport import cost_matrix
 
 POLICIES = ("torta", "torta-ppo", "skylb", "rr")  # torta = the OT plan; torta-ppo = the plan a PPO policy refines
@@ -208,7 +208,8 @@ class RegionalMacro:
             total = np.maximum(load.free + load.busy, 1)
             obs = observation(load.busy / total, load.queue / cap, f, f.sum() / cap.sum(), self.slot,
                               86400.0 / self.slot_s, prob, self.ppo_plan)
-            a_t = self.policy(obs, anchor_of(self.ppo_plan, prob, self.params))
+            anchor = anchor_of(self.ppo_plan, prob, self.params)
+            a_t = within_trust(self.policy(obs, anchor), anchor, self.params)
         self.prob = self.plan = prob
         self.ppo_plan = a_t
         return self.plan

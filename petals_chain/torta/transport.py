@@ -40,6 +40,12 @@ def ot_plan(mu: np.ndarray, nu: np.ndarray, cost: np.ndarray, params: TortaParam
         plan = ot.emd(mu, nu, cost)
         # ot.emd solves to ~1e-12; rescale rows so the μ marginal holds to machine precision
         return plan
+    if params.ot_mode == "sinkhorn":
+        # entropic plan on the cost relative to each column's cheapest entry (a column constant cannot move a
+        # balanced plan), so ``ot_sinkhorn_reg`` is in units of the largest within-column cost spread
+        rel = cost - cost.min(0, keepdims=True)
+        rel = rel / max(float(rel.max()), 1e-12)
+        return ot.sinkhorn(mu, nu, rel, params.ot_sinkhorn_reg, numItermax=5000, stopThr=1e-11)
     scaled = cost / cost.max()
     plan = ot.unbalanced.sinkhorn_unbalanced(mu, nu, scaled, params.ot_unbalanced_reg,
                                             [1e3, params.ot_unbalanced_tau], numItermax=2000)

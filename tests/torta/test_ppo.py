@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from gymnasium.utils.env_checker import check_env
 
@@ -12,7 +13,9 @@ from petals_chain.torta.episode import oracle_forecast
 from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
 from petals_chain.torta.train import deterministic_distance, train
 
-TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3)
+# the paper's ν (total capacity shares): with the default queue-aware ν the fluid queues move the plan too, and the
+# same 60 episodes end 0.197 from it (docs/torta.md, "Macro layer: PPO")
+TINY = DEFAULT.with_(policy_hidden=(32, 32), surge_factor=1.0, lr=3e-3, nu_total=True)
 
 
 def smooth_forecast(counts: np.ndarray, t: int) -> np.ndarray:
@@ -79,3 +82,16 @@ def test_return_scale_divides_by_the_running_return_std():
     s = ReturnScale(0.0)
     assert np.allclose(s(np.array([1.0, 3.0, 5.0])), np.array([1.0, 3.0, 5.0]) / 2.0)
     assert np.allclose(s(np.array([3.0])), [3.0 / np.std([1.0, 3.0, 5.0, 3.0], ddof=1)])
+
+
+def test_within_trust_bounds_the_move_from_the_anchor_and_keeps_rows_distributions():
+    from petals_chain.torta.ppo import within_trust
+
+    anchor = np.full((3, 3), 1 / 3)
+    far = np.eye(3)
+    a = within_trust(far, anchor, DEFAULT)
+    assert np.linalg.norm(a - anchor) == pytest.approx(DEFAULT.policy_trust)
+    np.testing.assert_allclose(a.sum(1), 1.0)
+    assert (a >= 0).all()
+    near = anchor + 0.01 * (far - anchor)
+    np.testing.assert_array_equal(within_trust(near, anchor, DEFAULT), near)

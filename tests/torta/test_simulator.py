@@ -79,6 +79,11 @@ def test_every_method_sees_the_same_arrivals():
     np.testing.assert_array_equal(a.regions.server_kind, b.regions.server_kind)
     assert not np.array_equal(make_scenario("polska", DEFAULT, 8, slots=3).tasks.origin.size, a.tasks.origin.size) \
         or not np.array_equal(make_scenario("polska", DEFAULT, 8, slots=3).tasks.arrival_s, a.tasks.arrival_s)
+    # arrivals_seed: the same system (regions, GPUs, prices, warm-ups) under another seed's arrivals
+    c = make_scenario("polska", DEFAULT, 7, slots=3, arrivals_seed=9)
+    np.testing.assert_array_equal(c.regions.server_kind, a.regions.server_kind)
+    np.testing.assert_array_equal(c.warmup_s, a.warmup_s)
+    assert c.tasks.n != a.tasks.n or not np.array_equal(c.tasks.arrival_s, a.tasks.arrival_s)
     served = {}
     for m in [m for m in METHODS if m not in ("TORTA", "RL-no-OT")]:
         res = run_episode(a, m, oracle_forecast)

@@ -63,6 +63,35 @@ def test_unbalanced_plan_moves_mass_to_cheap_regions(abilene):
     assert abs(balanced.sum(0)[cheap].sum() - 3 / 12) < 1e-9
 
 
+def test_sinkhorn_plan_meets_both_marginals_and_moves_smoothly(abilene):
+    """ot_mode="sinkhorn": the entropic plan meets both marginals, and a small change of μ moves it a little (the
+    exact LP's plan is a vertex of the transport polytope and can jump)."""
+    p = DEFAULT.with_(ot_mode="sinkhorn")
+    cost = cost_matrix(abilene.latency_s, abilene.price_per_kwh, p)
+    rng = np.random.default_rng(4)
+    mu, nu = rng.random(12) + 0.5, rng.random(12) + 0.5
+    plan = ot_plan(mu, nu, cost, p)
+    np.testing.assert_allclose(plan.sum(1), mu / mu.sum(), atol=1e-8)
+    np.testing.assert_allclose(plan.sum(0), nu / nu.sum(), atol=1e-8)
+    nudged = mu * (1 + 0.01 * rng.standard_normal(12))
+    assert np.linalg.norm(row_normalise(ot_plan(nudged, nu, cost, p)) - row_normalise(plan)) < 0.1
+
+
+def test_default_plan_sheds_a_queued_region(abilene):
+    """ν = capacity minus queue (the default): a region holding a backlog of half its slot capacity receives less of
+    the plan than with no queue; with ν = total capacity (nu_total=True) its share is unchanged."""
+    from petals_chain.torta.episode import macro_plan
+
+    cost = cost_matrix(abilene.latency_s, abilene.price_per_kwh, DEFAULT)
+    f, cap = abilene.demand_share * 500, np.full(12, 100.0)
+    queue = np.zeros(12)
+    queue[4] = 50.0
+    inflow = {(tot, q): f @ macro_plan(f, cap, queue if q else 0 * queue, cost, DEFAULT.with_(nu_total=tot))
+              for tot in (False, True) for q in (False, True)}
+    assert inflow[False, True][4] < 0.75 * inflow[False, False][4]
+    assert inflow[True, True][4] == pytest.approx(inflow[True, False][4])
+
+
 def test_bad_transport_input_is_refused(abilene):
     cost = cost_matrix(abilene.latency_s, abilene.price_per_kwh, DEFAULT)
     with pytest.raises(TransportError, match="mu"):
