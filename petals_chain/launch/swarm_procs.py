@@ -205,7 +205,8 @@ def wait_petals_servers(dht: Any, uids: Sequence[str], names: Sequence[str], swa
 
 def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeout_s: float = 300.0,
                       stable_s: float = 2.0) -> dict[str, Any]:
-    """Until every named server registered and serves exactly its assignment (unchanged for stable_s)."""
+    """Until every named server registered and serves exactly its assignment and the chains are offered (unchanged
+    for stable_s): the method's chains, as the replay will see them, are then the ones recorded."""
     from petals_chain.loopback.swarm import http_json
 
     deadline = time.monotonic() + timeout_s
@@ -219,10 +220,12 @@ def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeo
             time.sleep(0.5)
             continue
         recs = {r["name"]: r for r in servers["servers"]}
-        ready = bool(health["composition"]) and all(n in recs and recs[n]["alive"] and recs[n]["peer_id"]
-                                                    for n in names) and all(
-            r["serving"] == {"start": r["assignment"]["start"], "end": r["assignment"]["end"]}
-            for r in recs.values() if r["alive"] and r["assignment"] and r["assignment"]["num_blocks"] > 0)
+        # composed, and every composed chain offered (a registration is believed once the DHT vouches for it)
+        offered = health.get("chains", 0) >= max(1, health.get("chains_composed", 1))
+        registered = all(n in recs and recs[n]["alive"] and recs[n]["peer_id"] for n in names)
+        serving = all(r["serving"] == {"start": r["assignment"]["start"], "end": r["assignment"]["end"]}
+                      for r in recs.values() if r["alive"] and r["assignment"] and r["assignment"]["num_blocks"] > 0)
+        ready = bool(health["composition"]) and offered and registered and serving
         key = (servers["version"], ready)
         if ready and key == last:
             if ok_since is not None and time.monotonic() - ok_since >= stable_s:
