@@ -196,17 +196,16 @@ def test_jffc_moves_the_slow_chains_session_to_a_freed_fast_slot(mswarm: LocalSw
           f"{moves[0].downtime_s:.3f} s")
 
 
-def test_a_move_onto_a_frozen_chain_fails_and_the_session_stays_correct(mswarm: LocalSwarm, mclient,
-                                                                       reference) -> None:
-    """The fast chain's only server is frozen (SIGSTOP) when the session is offered a move there: the replay fails,
-    the session goes on on its old chain with greedy decoding's tokens, the orchestrator drops the reservation and
-    counts a failed move; the server is thawed and serves again."""
-    fast, slow = _fast_and_slow(mswarm)
+
+def _generate_while_the_fast_chain_freezes(mswarm: LocalSwarm, client, fast: dict) -> _Generation:
+    """A session generates on the slow chain while a bare lease holds the fast one; once it generates, the fast
+    chain's server is frozen (SIGSTOP) and the lease released, so the session is offered a move onto a frozen
+    server; returns the finished generation once the failed move was reported (the server thawed)."""
     holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in mswarm.procs if p.name == _servers(fast)[0])
     before = mswarm.get("/migrations")
-    gen = _Generation(mclient)
+    gen = _Generation(client)
     try:
         gen.wait_generating()
         os.killpg(victim.pgid, signal.SIGSTOP)
@@ -216,6 +215,16 @@ def test_a_move_onto_a_frozen_chain_fails_and_the_session_stays_correct(mswarm: 
     finally:
         os.killpg(victim.pgid, signal.SIGCONT)
     gen.join()
+    return gen
+
+def test_a_move_onto_a_frozen_chain_fails_and_the_session_stays_correct(mswarm: LocalSwarm, mclient,
+                                                                       reference) -> None:
+    """The fast chain's only server is frozen (SIGSTOP) when the session is offered a move there: the replay fails,
+    the session goes on on its old chain with greedy decoding's tokens, the orchestrator drops the reservation and
+    counts a failed move; the server is thawed and serves again."""
+    fast, slow = _fast_and_slow(mswarm)
+    before = mswarm.get("/migrations")
+    gen = _generate_while_the_fast_chain_freezes(mswarm, mclient, fast)
     assert gen.tokens == reference(PROMPT, NEW_TOKENS)
     moves = gen.record.migrations
     assert len(moves) == 1 and moves[0].error is not None and moves[0].done_s is None, moves
@@ -276,21 +285,8 @@ def test_a_kv_transfer_onto_a_frozen_server_rolls_back(mswarm: LocalSwarm, kvcli
     the switch rolls back, the session finishes on its old chain with greedy decoding's tokens, and /metrics counts
     one rolled-back (jffc, kv) move; the server is thawed and serves again."""
     fast, slow = _fast_and_slow(mswarm)
-    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
-    assert holder["chain_id"] == fast["chain_id"]
-    victim = next(p for p in mswarm.procs if p.name == _servers(fast)[0])
     rolled = _metric(mswarm, "petals_chain_migrations_rolled_back_total", reason="jffc", mode="kv")
-    before = mswarm.get("/migrations")
-    gen = _Generation(kvclient)
-    try:
-        gen.wait_generating()
-        os.killpg(victim.pgid, signal.SIGSTOP)
-        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
-        _wait_for(lambda: mswarm.get("/migrations")["failed"] > before["failed"] or gen.tokens is not None, 120,
-                  "the failed move to be reported")
-    finally:
-        os.killpg(victim.pgid, signal.SIGCONT)
-    gen.join()
+    gen = _generate_while_the_fast_chain_freezes(mswarm, kvclient, fast)
     assert gen.tokens == reference(PROMPT, NEW_TOKENS)
     moves = gen.record.migrations
     assert len(moves) == 1 and moves[0].mode == "kv" and moves[0].error is not None and moves[0].done_s is None
