@@ -71,6 +71,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true",
                    help="keep the methods a previous run of the same plan finished (read from --out/--stem) and run "
                         "only the others")
+    p.add_argument("--rerun", default="",
+                   help="with --resume: comma-separated methods to replay again although a previous run finished them")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 
@@ -97,6 +99,9 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, list[str]]:
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if bad := [m for m in methods if m not in METHOD_ORDER]:
         raise SpecError(f"--methods: unknown method(s) {', '.join(bad)}; choose from {', '.join(METHOD_ORDER)}")
+    rerun = [m.strip() for m in str(getattr(args, "rerun", "")).split(",") if m.strip()]
+    if bad := [m for m in rerun if m not in methods]:
+        raise SpecError(f"--rerun: {', '.join(bad)} not among --methods ({', '.join(methods)})")
     tb = load_testbed(args.testbed)
     trace_path = args.trace or (tb.trace.path if tb.trace is not None else None)
     if trace_path is None:
@@ -185,7 +190,8 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
     results: dict[str, ReplayResult] = {}
     infos: dict[str, dict[str, Any]] = {}
     if args.resume:  # a long run split over sessions: methods already replayed on this plan are kept
-        stats, results, infos = load_finished(args.out, args.stem, plan)
+        rerun = {m.strip() for m in str(args.rerun).split(",") if m.strip()}
+        stats, results, infos = load_finished(args.out, args.stem, plan, rerun)
         for m in stats:
             log(f"[{m}] kept from the previous run ({args.out / args.stem}_requests.csv)")
     log_dir = Path("/tmp") / f"petals_chain_table1_{os.getpid()}"

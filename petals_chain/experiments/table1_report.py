@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Collection
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -182,9 +183,11 @@ def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, Repl
     return path
 
 
-def load_finished(out_dir: Path, stem: str, plan: ReplayPlan) -> tuple[dict, dict, dict]:
+def load_finished(out_dir: Path, stem: str, plan: ReplayPlan,
+                  rerun: Collection[str] = ()) -> tuple[dict, dict, dict]:
     """The methods a previous run of the same plan already replayed (``--resume``), read back from its outputs:
-    ``(stats, results, infos)``; empty when there is none, and an error when the outputs belong to another plan."""
+    ``(stats, results, infos)``; empty when there is none, and an error when the outputs belong to another plan.
+    Methods in ``rerun`` are left out, so that they are replayed again (the others' records stay as they were)."""
     from petals_chain.experiments.replay import RequestRecord, summarize
     from petals_chain.model import SpecError
 
@@ -208,7 +211,7 @@ def load_finished(out_dir: Path, stem: str, plan: ReplayPlan) -> tuple[dict, dic
             samples.setdefault(row["method"], []).append((float(row["time_s"]), float(row["in_flight"])))
     stats, results, infos = {}, {}, {}
     for m, info in saved.get("infos", {}).items():
-        if not str(info.get("status", "")).startswith("ran") or m not in records:
+        if not str(info.get("status", "")).startswith("ran") or m not in records or m in rerun:
             continue
         recs = records[m]
         wall = info.get("wall_s", max(r.end_s for r in recs))

@@ -150,11 +150,13 @@ def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFi
     bad_tokens = write_trace(tmp_path / "t2.csv", [good, ("2023-11-16 18:17:05.0", -3, 8)])
     assert check_inputs(["--trace", str(bad_tokens), "--requests", "2"]) == 2
     assert f"{bad_tokens}:3: ContextTokens is negative" in capsys.readouterr().err
-    short = write_trace(tmp_path / "t3.csv", [good])
+    short = good_trace = write_trace(tmp_path / "t3.csv", [good])
     assert check_inputs(["--trace", str(short), "--requests", "5"]) == 2
     assert "1 requests, --requests asks for 5" in capsys.readouterr().err
     assert check_inputs(["--trace", str(bad_tokens), "--methods", "petals,magic"]) == 2
     assert "unknown method(s) magic" in capsys.readouterr().err
+    assert check_inputs(["--trace", str(good_trace), "--methods", "petals", "--resume", "--rerun", "bprr"]) == 2
+    assert "--rerun: bprr not among --methods (petals)" in capsys.readouterr().err
 
 
 # ---- the methods' compositions and BPRR's WS-RR ---------------------------------------------------------------

@@ -91,6 +91,7 @@ def test_table1_resume_reads_back_what_a_run_wrote(tmp_path) -> None:
     assert got_results["petals"].records == results["petals"].records
     assert got_results["petals"].samples.shape == (t.size, 2)
     assert got_stats["petals"] == stats["petals"]
+    assert load_finished(tmp_path, "t1", plan, rerun={"petals"}) == ({}, {}, {})  # --rerun petals replays it again
     assert load_finished(tmp_path, "other", plan) == ({}, {}, {})
     other = replace(plan, load=0.7)
     with pytest.raises(SpecError, match="another replay plan"):
