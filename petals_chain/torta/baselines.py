@@ -18,8 +18,11 @@ def greedy_in_region(c: Cluster, i: int, region: int, now_s: float) -> int:
     if cand.size == 0:
         return -1
     t = c.sc.tasks
-    score = greedy_score(c.hw[t.kind[i], cand], int(t.model[i]), now_s, c.outstanding(cand, now_s),
-                         c.last_model[cand], c.last_ts[cand], c.p)
+    load, cap = c.outstanding(cand, now_s), c.p.server_slots
+    if c.p.load_count == "slot":  # (9) as in Algorithm 1: Util and Queue grow with every task the slot assigns
+        load, cap = load + c.taken_in_slot(cand, now_s), c.slot_cap[cand]
+    score = greedy_score(c.hw[t.kind[i], cand], int(t.model[i]), now_s, load, cap, c.last_model[cand],
+                         c.last_ts[cand], c.p)
     return int(cand[score.argmax()])
 
 

@@ -66,8 +66,10 @@ class Cluster:
         self.wait_s = np.full(t.n, np.nan)
         self.service_s = np.full(t.n, np.nan)
         self.network_s = np.full(t.n, np.nan)
-        self.cap_region = np.array([self.speed[m].sum() for m in self.members]) * p.slot_s * p.server_slots / (
-            0.5 * (p.proc_min_s + p.proc_max_s))
+        self.slot_cap = self.speed * p.slot_s * p.server_slots / (0.5 * (p.proc_min_s + p.proc_max_s))  # tasks/slot
+        self.cap_region = np.array([self.slot_cap[m].sum() for m in self.members])
+        self.taken = np.zeros(n)  # tasks each server started in slot ``taken_slot``
+        self.taken_slot = 0
         self.per_server = self.cap_region / np.maximum(1, np.array([m.size for m in self.members]))
         self.ready_at[:] = 0.0  # every server starts on; pool sizing trims them from the first slot
 
@@ -80,14 +82,26 @@ class Cluster:
         """Tasks held (running + queued) by each of ``servers`` at ``now_s``."""
         return (self.finish[servers] > now_s).sum(1)
 
+    def taken_in_slot(self, servers: np.ndarray, now_s: float) -> np.ndarray:
+        """Tasks each of ``servers`` has started in the slot holding ``now_s`` (the paper's per-slot Util[s])."""
+        self._roll_slot(now_s)
+        return self.taken[servers]
+
+    def _roll_slot(self, now_s: float) -> None:
+        """Reset the per-slot task counts when ``now_s`` is in a later slot than the last one counted."""
+        k = int(now_s // self.p.slot_s)
+        if k != self.taken_slot:
+            self.taken[:] = 0
+            self.taken_slot = k
+
     def region_queue(self, now_s: float) -> np.ndarray:
         """Q_t per region: buffered tasks + tasks held by servers."""
         held = (self.finish > now_s).sum(1)
         return np.bincount(self.region, weights=held, minlength=len(self.members)) + np.array(
             [len(b) for b in self.buffers])
 
-    def utilisation(self, t: int) -> np.ndarray:
-        """Busy fraction of each server during slot t."""
+    def utilisation(self, t: int | slice) -> np.ndarray:
+        """Busy fraction of each server during slot t (a slice of slots: one column per slot)."""
         return self.busy[:, t] / (self.p.slot_s * self.p.server_slots)
 
     # --- actions -----------------------------------------------------------------------------------
@@ -105,6 +119,8 @@ class Cluster:
         row[lane] = end
         self.lane_free[s] = row.min()
         self.last_model[s], self.last_ts[s] = t.model[i], end
+        self._roll_slot(now_s)
+        self.taken[s] += 1
         r = self.region[s]
         self.served_region[i] = r
         self.served_server[i] = s

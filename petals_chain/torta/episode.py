@@ -13,7 +13,7 @@ import numpy as np
 
 from petals_chain.torta import baselines
 from petals_chain.torta.cluster import Cluster, Scenario
-from petals_chain.torta.metrics import load_balance, switching_cost
+from petals_chain.torta.metrics import horizon_load_balance, slot_load_balance, switching_cost
 from petals_chain.torta.micro import pool_target, reactive_target
 from petals_chain.torta.params import TortaParams
 from petals_chain.torta.ppo import anchor_of, within_trust
@@ -102,6 +102,7 @@ class EpisodeResult:
     wait_s: np.ndarray
     response_s: np.ndarray
     cluster: Cluster
+    on_slot: np.ndarray  # (servers, slots): on for the whole slot, the servers load balance (11) counts
 
 
 def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | None = None) -> EpisodeResult:
@@ -122,7 +123,8 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
     a_prev = np.full((n_r, n_r), 1.0 / n_r)
     emp_prev = np.eye(n_r)
     routed_last = np.zeros(n_r)
-    switching, lbs, macro_a_switch = [], [], []
+    switching, macro_a_switch = [], []
+    on_slot = np.zeros((reg.n_servers, sc.slots), dtype=bool)  # on for the whole slot (switch-offs: slot starts)
     is_macro = method in MACRO_METHODS
     for t in range(sc.slots + DRAIN_SLOTS):
         now = t * dt
@@ -176,18 +178,18 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
             if t > 0:
                 switching.append(switching_cost(emp, emp_prev))
             emp_prev = emp
-            on_all = np.flatnonzero(c.ready_at <= now)
-            if t > 0 and on_all.size:
-                lbs.append(load_balance(c.utilisation(t - 1)[on_all]))
+            on_slot[c.on_servers, t] = True
     done = ~np.isnan(c.wait_s)
+    util = c.utilisation(slice(0, sc.slots))
     resp = c.wait_s + c.service_s + c.network_s
     metrics = {"mean_response_s": float(np.nanmean(resp)), "p95_response_s": float(np.nanpercentile(resp, 95)),
                "mean_wait_s": float(np.nanmean(c.wait_s)), "mean_service_s": float(np.nanmean(c.service_s)),
                "mean_network_s": float(np.nanmean(c.network_s)), "power_cost": c.cost,
-               "switching": float(np.mean(switching)), "load_balance": float(np.mean(lbs)),
+               "switching": float(np.mean(switching)), "load_balance": slot_load_balance(util, on_slot),
+               "load_balance_horizon": horizon_load_balance(util, on_slot),
                "activations": float(c.activations), "unserved": float((~done).sum()), "tasks": float(tasks.n),
                "macro_switching": float(np.mean(macro_a_switch)) if macro_a_switch else float("nan")}
-    return EpisodeResult(metrics, c.wait_s, resp, c)
+    return EpisodeResult(metrics, c.wait_s, resp, c, on_slot)
 
 
 def _retry(c: Cluster, method: str, now_s: float) -> None:

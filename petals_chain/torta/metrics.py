@@ -19,6 +19,34 @@ def load_balance(util: np.ndarray) -> float:
     return float(1.0 / (1.0 + u.std() / m))
 
 
+def slot_load_balance(util: np.ndarray, on: np.ndarray) -> float:
+    """(11) per slot over the servers on for the whole slot, averaged over slots: ``util`` and ``on`` are
+    (servers, slots) busy fractions and masks; slots with no server on are skipped (docs/torta.md, "Simulator")."""
+    u, m = _util_on(util, on)
+    lbs = [load_balance(u[m[:, t], t]) for t in range(u.shape[1]) if m[:, t].any()]
+    if not lbs:
+        raise ValueError("slot_load_balance: no server is on in any slot")
+    return float(np.mean(lbs))
+
+
+def horizon_load_balance(util: np.ndarray, on: np.ndarray) -> float:
+    """(11) over each server's mean utilisation across the slots it was on, for every server on in some slot
+    (a per-server reading of U_i over the whole horizon, reported beside the per-slot one)."""
+    u, m = _util_on(util, on)
+    ever = m.any(1)
+    if not ever.any():
+        raise ValueError("horizon_load_balance: no server is on in any slot")
+    return load_balance((u * m).sum(1)[ever] / m.sum(1)[ever])
+
+
+def _util_on(util: np.ndarray, on: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``util`` as floats and ``on`` as booleans of the same (servers, slots) shape."""
+    u, m = np.asarray(util, dtype=float), np.asarray(on, dtype=bool)
+    if u.ndim != 2 or u.shape != m.shape:
+        raise ValueError(f"util/on: need two (servers, slots) arrays of one shape, got {u.shape} and {m.shape}")
+    return u, m
+
+
 def prediction_accuracy(pred: np.ndarray, actual: np.ndarray, eps: float = 1.0) -> float:
     """PA = exp(−mean_t |F_pred − F_act| / (F_act + ε)) over every entry (12); 1 for a perfect forecast."""
     p, a = np.asarray(pred, dtype=float), np.asarray(actual, dtype=float)

@@ -33,9 +33,9 @@ def hw_fit(kind: int, speed: np.ndarray, memory_bytes: np.ndarray, suits: np.nda
             * typematch)
 
 
-def load_score(outstanding: np.ndarray, capacity: int) -> np.ndarray:
-    """(9) Comp_load = exp(−(Util + Queue) / Capacity), Util and Queue counted in tasks."""
-    return np.exp(-outstanding / capacity)
+def load_score(load: np.ndarray, capacity: np.ndarray | float) -> np.ndarray:
+    """(9) Comp_load = exp(−(Util + Queue) / Capacity), with ``load`` = Util + Queue counted in tasks."""
+    return np.exp(-np.asarray(load, dtype=float) / capacity)
 
 
 def locality_score(model: int, last_model: np.ndarray, last_ts: np.ndarray, now_s: float,
@@ -44,11 +44,12 @@ def locality_score(model: int, last_model: np.ndarray, last_ts: np.ndarray, now_
     return np.where(last_model == model, np.exp(-decay_per_s * np.maximum(now_s - last_ts, 0.0)), 0.0)
 
 
-def greedy_score(hw: np.ndarray, model: int, now_s: float, outstanding: np.ndarray, last_model: np.ndarray,
-                 last_ts: np.ndarray, params: TortaParams) -> np.ndarray:
-    """(7) Score = w1·Comp_hw + w2·Comp_load + w3·Comp_locality for each candidate (``hw`` = (8) per candidate)."""
+def greedy_score(hw: np.ndarray, model: int, now_s: float, load: np.ndarray, capacity: np.ndarray | float,
+                 last_model: np.ndarray, last_ts: np.ndarray, params: TortaParams) -> np.ndarray:
+    """(7) Score = w1·Comp_hw + w2·Comp_load + w3·Comp_locality for each candidate (``hw`` = (8) per candidate,
+    ``load``/``capacity`` = (9)'s Util + Queue and Capacity per candidate)."""
     return (params.w_hw * hw
-            + params.w_load * load_score(outstanding, params.server_slots)
+            + params.w_load * load_score(load, capacity)
             + params.w_locality * locality_score(model, last_model, last_ts, now_s, params.locality_decay_per_s))
 
 

@@ -37,6 +37,7 @@ GPU_KINDS: tuple[GpuKind, ...] = (
 
 # Table I(a): diameter latency per topology (ms) that shortest-path km are scaled to (⚑ scaling rule)
 OT_MODES = ("balanced", "sinkhorn", "unbalanced")  # docs/torta.md, "Macro layer: optimal transport"
+LOAD_COUNTS = ("slot", "held")  # (9)'s load count, docs/torta.md, "Micro layer"
 
 DIAMETER_MS = {"abilene": 25.0, "polska": 45.0, "gabriel25": 80.0, "cost266": 150.0}
 
@@ -116,6 +117,10 @@ class TortaParams:
     w_locality: float = 1.0 / 3
     locality_decay_per_s: float = 1.0 / 300
     server_slots: int = 2  # concurrent tasks per GPU (⚑)
+    # (9)'s Util + Queue over Capacity (⚑): "slot" = tasks the server started this slot + tasks it holds, over the
+    # tasks it finishes per slot (Algorithm 1 adds to Util[s] and Queue[s] with every task of the slot); "held" =
+    # tasks it holds now over its lanes (docs/torta.md, "Micro layer")
+    load_count: str = "slot"
     retry_s: float = 5.0  # buffered tasks are retried this often (⚑)
     min_active: int = 1
     warm_start_slots: int = 5  # every server stays on for the first slots, until the predictor has history (⚑)
@@ -137,6 +142,8 @@ class TortaParams:
                 raise TortaParamError(f"{name}: must be > 0, got {getattr(self, name)!r}")
         if self.proc_max_s < self.proc_min_s:
             raise TortaParamError(f"proc_max_s: must be >= proc_min_s ({self.proc_min_s}), got {self.proc_max_s}")
+        if self.load_count not in LOAD_COUNTS:
+            raise TortaParamError(f"load_count: must be one of {', '.join(LOAD_COUNTS)}, got {self.load_count!r}")
         if self.ot_mode not in OT_MODES:
             raise TortaParamError(f"ot_mode: must be one of {', '.join(OT_MODES)}, got {self.ot_mode!r}")
         if not 0 <= self.diurnal_amplitude < 1:

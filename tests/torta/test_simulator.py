@@ -8,6 +8,7 @@ import pytest
 from petals_chain.torta.baselines import greedy_in_region
 from petals_chain.torta.cluster import Cluster
 from petals_chain.torta.episode import METHODS, make_scenario, oracle_forecast, run_episode
+from petals_chain.torta.metrics import horizon_load_balance, slot_load_balance
 from petals_chain.torta.micro import pool_target, reactive_target
 from petals_chain.torta.params import DEFAULT
 
@@ -70,6 +71,43 @@ def test_greedy_buffers_when_region_is_full(heavy):
     assert greedy_in_region(c, i, region, now) == -1
     other = greedy_in_region(c, i, 1, now)
     assert other >= 0 and c.region[other] == 1
+
+
+def test_load_count_of_the_slot_steers_greedy_away_from_a_server_busy_this_slot():
+    """(9) with ``load_count="slot"`` counts the tasks a server started this slot (Algorithm 1's Util[s] += …),
+    so a server that already took two tasks and finished them scores below one that took none; "held" only sees
+    tasks running now, so both score alike."""
+    only_load = DEFAULT.with_(w_hw=0.0, w_locality=0.0, w_load=1.0)
+    picks = {}
+    for count in ("slot", "held"):
+        sc = make_scenario("abilene", only_load.with_(load_count=count), 5, slots=2)
+        c = Cluster(sc)
+        r = next(r for r, m in enumerate(c.members) if c.speed[m[0]] >= 1.0)  # a region led by a fast GPU
+        s0 = int(c.members[r][0])
+        early = np.flatnonzero(sc.tasks.arrival_s < 5.0)
+        quick = early[np.argsort(sc.tasks.work_s[early])[:3]]  # two short tasks run on s0, the third is placed
+        for i in quick[:2]:
+            c.assign(int(i), s0, float(sc.tasks.arrival_s[i]))
+        now = 0.95 * DEFAULT.slot_s
+        assert c.finish[s0].max() <= now and c.outstanding(np.array([s0]), now)[0] == 0
+        assert c.taken_in_slot(np.array([s0]), now)[0] == 2
+        picks[count] = greedy_in_region(c, int(quick[2]), r, now)
+        assert c.taken_in_slot(np.array([s0]), now + DEFAULT.slot_s)[0] == 0  # the next slot starts afresh
+    assert picks["held"] == s0  # every free server holds nothing: a tie, the first candidate
+    assert picks["slot"] != s0
+
+
+def test_episode_load_balance_counts_only_the_servers_on_in_each_slot():
+    light = DEFAULT.with_(target_load=0.2)
+    sc = make_scenario("abilene", light, 5, slots=10)
+    res = run_episode(sc, "OT-only", oracle_forecast)
+    util = res.cluster.utilisation(slice(0, sc.slots))
+    assert res.on_slot[:, 0].all()  # every server starts on
+    assert not res.on_slot[:, -1].all()  # light load: pools shrank after the warm start
+    assert res.metrics["load_balance"] == pytest.approx(slot_load_balance(util, res.on_slot))
+    assert res.metrics["load_balance_horizon"] == pytest.approx(horizon_load_balance(util, res.on_slot))
+    everyone = slot_load_balance(util, np.ones_like(res.on_slot))
+    assert res.metrics["load_balance"] != pytest.approx(everyone)  # switched-off servers are not counted
 
 
 def test_every_method_sees_the_same_arrivals():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from petals_chain.torta.metrics import load_balance, prediction_accuracy, switching_cost
+from petals_chain.torta.metrics import (horizon_load_balance, load_balance, prediction_accuracy, slot_load_balance,
+                                       switching_cost)
 from petals_chain.torta.params import DEFAULT, TortaParamError
 from petals_chain.torta.topology import TopologyError, load_regions
 from petals_chain.torta.transport import TransportError, cost_matrix, ot_plan, row_normalise
@@ -106,6 +107,20 @@ def test_load_balance_on_hand_values():
     assert load_balance(np.zeros(4)) == 1.0
     with pytest.raises(ValueError):
         load_balance(np.array([]))
+
+
+def test_slot_and_horizon_load_balance_on_hand_values():
+    util = np.array([[1.0, 0.5], [0.0, 0.5], [0.7, 0.0]])  # (servers, slots)
+    on = np.array([[True, True], [True, True], [False, True]])  # server 2 is on in slot 1 only
+    # slot 0 over servers 0, 1: U = [1, 0], CV 1 → 1/2 (server 2's 0.7 is not counted: it was off);
+    # slot 1 over all three: U = [1/2, 1/2, 0], mean 1/3, std √2/6, CV √2/2
+    assert slot_load_balance(util, on) == pytest.approx((0.5 + 1 / (1 + np.sqrt(2) / 2)) / 2)
+    # per server over its on slots: [3/4, 1/4, 0], mean 1/3, variance 7/72
+    assert horizon_load_balance(util, on) == pytest.approx(1 / (1 + 3 * np.sqrt(7 / 72)))
+    with pytest.raises(ValueError, match="util/on"):
+        slot_load_balance(util, on[:, :1])
+    with pytest.raises(ValueError, match="no server"):
+        horizon_load_balance(util, np.zeros_like(on))
 
 
 def test_prediction_accuracy_on_hand_values():
