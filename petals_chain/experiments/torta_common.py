@@ -136,9 +136,8 @@ def ratio_lines(rows: list[dict[str, Any]], key: str, label: str, fmt: str = ".2
             parts.append(f"{m} {mu:{fmt}} ± {hw:{fmt}}")
         sky = stat(rows, topo, "SkyLB", key)[0]
         ours = stat(rows, topo, "TORTA", key)[0] / sky - 1 if sky else float("nan")
-        pap = PAPER[key][topo][0] / PAPER[key][topo][1] - 1 if key in PAPER else float("nan")
-        lines.append(f"{PAPER_NAME[topo]} {label}: " + "; ".join(parts)
-                     + f". TORTA vs SkyLB {ours:+.1%} (paper {pap:+.1%})")
+        pap = f" (paper {PAPER[key][topo][0] / PAPER[key][topo][1] - 1:+.1%})" if key in PAPER else ""
+        lines.append(f"{PAPER_NAME[topo]} {label}: " + "; ".join(parts) + f". TORTA vs SkyLB {ours:+.1%}{pap}")
     return lines
 
 

@@ -112,9 +112,12 @@ class TortaParams:
     beta: float = 1.0
     # micro layer (6)-(10) (⚑ σ, weights, λ of locality, slots per server)
     sigma: float = 1.5
-    w_hw: float = 1.0 / 3
-    w_load: float = 1.0 / 3
-    w_locality: float = 1.0 / 3
+    # (7)'s weights (⚑ unstated): load first, so that an idle server beats one running a task even when that one
+    # served the same model a moment ago, w_load·(1 − e^(−1/2)) > w_locality; with 1/3 each load never overrode
+    # locality (quick run: load balance 8–14 % below SkyLB's, now 3–10 %; docs/torta.md, "Load balance against SkyLB")
+    w_hw: float = 0.2
+    w_load: float = 0.6
+    w_locality: float = 0.2
     locality_decay_per_s: float = 1.0 / 300
     server_slots: int = 2  # concurrent tasks per GPU (⚑)
     # (9)'s Util + Queue over Capacity (⚑): "slot" = tasks the server started this slot + tasks it holds, over the
