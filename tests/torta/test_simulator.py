@@ -110,6 +110,21 @@ def test_episode_load_balance_counts_only_the_servers_on_in_each_slot():
     assert res.metrics["load_balance"] != pytest.approx(everyone)  # switched-off servers are not counted
 
 
+def test_per_slot_load_balance_rises_with_pool_utilisation_and_the_load_weight():
+    """docs/torta.md, "Load balance against SkyLB": per slot, 1/(1 + CV) rewards a hotter pool, which costs response
+    time (why SkyLB's saturated pools score above TORTA's); the load weight of (7) raises it at the same pool rule."""
+    runs = {}
+    for name, params in {"cool": DEFAULT.with_(util_target=0.6), "default": DEFAULT,
+                         "hot": DEFAULT.with_(util_target=1.0),
+                         "equal": DEFAULT.with_(w_hw=1 / 3, w_load=1 / 3, w_locality=1 / 3)}.items():
+        runs[name] = run_episode(make_scenario("abilene", params, 101, slots=16), "OT-only", oracle_forecast).metrics
+    lb = {k: m["load_balance"] for k, m in runs.items()}
+    response = {k: m["mean_response_s"] for k, m in runs.items()}
+    assert lb["cool"] < lb["default"] < lb["hot"]
+    assert response["cool"] < response["default"] < response["hot"]
+    assert lb["equal"] < lb["default"] - 0.03
+
+
 def test_every_method_sees_the_same_arrivals():
     a = make_scenario("polska", DEFAULT, 7, slots=3)
     b = make_scenario("polska", DEFAULT, 7, slots=3)
