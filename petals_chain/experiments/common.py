@@ -140,3 +140,11 @@ def plt():
     pyplot.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
                             "legend.fontsize": 9})
     return pyplot
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out, write and close a figure (closing frees its memory in long runs); returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path)
+    plt().close(fig)
+    return path

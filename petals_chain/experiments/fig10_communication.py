@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments import profile_figs as pf
-from petals_chain.experiments.common import REPO, Summary, plt, write_csv
-from petals_chain.experiments.fig9_computation import DEFAULT_STEM, KIND_COLOURS, load_stem
+from petals_chain.experiments.common import Summary, plt, save_figure, write_csv
+from petals_chain.experiments.fig9_computation import KIND_COLOURS, load_for
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 
 PAPER = ["communication time does not depend on the GPU type or the number of blocks",
@@ -71,17 +71,12 @@ def draw(path: Path, fit_data: dict[str, list[pf.Point]], paper_data: dict[str, 
         ax.legend(fontsize=6, ncol=2)
     fig.suptitle("Fig 10 on the CPU-emulated testbed: communication = step time − fitted computation "
                  "(first token: the prefill step; rest: the decode steps)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(args: Any) -> Summary:
     """Read the profile, compute the series and their errors against both models, plot, summarise."""
-    stem = Path(getattr(args, "profile_stem", None) or DEFAULT_STEM)
-    profile, samples = load_stem(stem)
-    base = (FULL_GRID.base_input, FULL_GRID.base_output)
+    profile, samples, base, where = load_for(args)
     fit_data = panels(samples, profile.fits, profile.num_blocks, base)
     paper_data = panels(samples, profile.fits, profile.num_blocks, base, paper_model=True)
     errors = {k: pf.panel_error(v) for k, v in fit_data.items()}
@@ -107,7 +102,7 @@ def run(args: Any) -> Summary:
                  "blocks: where it is small, the computation's run-to-run noise is as large as the communication, so "
                  "the inferred communication scatters (even below 0) and the errors above are large; the paper's "
                  "GPU testbed, where a step is mostly communication, separates the two far better")
-    lines.append(f"profile {stem.relative_to(REPO) if stem.is_relative_to(REPO) else stem}: {profile.command} "
+    lines.append(f"profile {where}: {profile.command} "
                  f"({profile.created}); measured = client-side step times, communication inferred by subtracting the "
                  "per-server fitted computation, see petals_chain/experiments/profile_figs.py")
     command = f"python -m petals_chain.experiments fig10{' --quick' if getattr(args, 'quick', False) else ''}"

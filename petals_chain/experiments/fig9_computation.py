@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments import profile_figs as pf
-from petals_chain.experiments.common import REPO, Summary, plt, write_csv
+from petals_chain.experiments.common import REPO, Summary, plt, save_figure, write_csv
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 from petals_chain.model import SpecError
 
@@ -33,6 +33,15 @@ def load_stem(stem: Path = DEFAULT_STEM) -> tuple[Any, list[StepSample]]:
     if not samples_path.is_file():
         raise SpecError(f"{samples_path}: no profile samples (python -m petals_chain.launch.profile TESTBED.yaml)")
     return load_profile(Path(f"{stem}.json")), read_samples_csv(samples_path)
+
+
+def load_for(args: Any) -> tuple[Any, list[StepSample], tuple[int, int], str]:
+    """The profile ``args.profile_stem`` names (default: the one measured last), its samples, the grid's base job
+    and the stem as the summary names it (relative to the repository when inside it)."""
+    stem = Path(getattr(args, "profile_stem", None) or DEFAULT_STEM)
+    profile, samples = load_stem(stem)
+    where = str(stem.relative_to(REPO) if stem.is_relative_to(REPO) else stem)
+    return profile, samples, (FULL_GRID.base_input, FULL_GRID.base_output), where
 
 
 def panels(samples: Sequence[StepSample], fits: dict[str, ServerFit], num_blocks: int,
@@ -75,17 +84,12 @@ def draw(path: Path, data: dict[str, list[pf.Point]], fits: dict[str, ServerFit]
         ax.legend(fontsize=8)
     fig.suptitle(f"Fig 9 on the CPU-emulated testbed (SmolLM2-135M, {len(fits)} servers): computation = step "
                  "time − fitted round trip", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(args: Any) -> Summary:
     """Read the profile, compute the panels and their errors, plot, summarise next to the paper."""
-    stem = Path(getattr(args, "profile_stem", None) or DEFAULT_STEM)
-    profile, samples = load_stem(stem)
-    base = (FULL_GRID.base_input, FULL_GRID.base_output)
+    profile, samples, base, where = load_for(args)
     data = panels(samples, profile.fits, profile.num_blocks, base)
     errors = {k: pf.panel_error(v) for k, v in data.items()}
     kinds = pf.kind_of(profile.fits)
@@ -101,7 +105,7 @@ def run(args: Any) -> Summary:
             pts = [p for p in data[k] if kinds[p.server] == kind]
             if pts:
                 lines.append(f"{names[k]}, {kind}: measured slope {pf.slope(pts) * 1e3:.3f} ms per unit of x")
-    lines.append(f"profile {stem.relative_to(REPO) if stem.is_relative_to(REPO) else stem}: {profile.command} "
+    lines.append(f"profile {where}: {profile.command} "
                  f"({profile.created}); measured = client-side step times, computation inferred by subtracting the "
                  "per-server fitted round trip (the intercept over block counts), see petals_chain/experiments/"
                  "profile_figs.py")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import code_digest, mean_ci, write_csv
+from petals_chain.experiments.common import checkpoint_path, code_digest, mean_ci, write_csv
 from petals_chain.sim.montecarlo import run_replications
 from petals_chain.torta.compare import evaluate, prepare
 from petals_chain.torta.params import DEFAULT, TortaParams
@@ -79,10 +79,12 @@ Runs = tuple[tuple[float | None, tuple[str, ...]], ...]  # (forecast accuracy or
 
 
 def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
-                      runs: Runs = ((None, ORDER),)) -> list[dict[str, Any]]:
-    """Every seed of ``topology`` (policies trained per seed's system); writes the first seed's learning curve."""
+                      runs: Runs = ((None, ORDER),), stem: str = "torta-runs") -> list[dict[str, Any]]:
+    """Every seed of ``topology`` (policies trained per seed's system); writes the first seed's learning curve.
+    A full run keeps each finished seed in a checkpoint (``stem``-topology), so hours of training resume."""
     task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints")
-    out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}")
+    out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}",
+                           checkpoint=checkpoint_path(f"{stem}-{topology}", args))
     curve = out[0]["curve"]
     name = f"torta-train-{topology}"
     write_csv(args.out / f"{name}.csv", curve)

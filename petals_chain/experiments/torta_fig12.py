@@ -16,7 +16,8 @@ def run(args) -> Summary:
     rs = settings(args)
     seeds = 3 if args.quick else rs.seeds
     pas = [0.1, 0.3, 0.5, 0.7, 0.9]
-    rows = evaluate_topology(TOPOLOGY, args, rs, seeds, tuple((pa, ("TORTA",)) for pa in pas) + ((None, BASELINES),))
+    rows = evaluate_topology(TOPOLOGY, args, rs, seeds, tuple((pa, ("TORTA",)) for pa in pas) + ((None, BASELINES),),
+                             stem="torta-fig12")
     write_csv(args.out / "torta-fig12.csv", rows)
     torta = [mean_ci([r["mean_response_s"] for r in rows if r["method"] == "TORTA" and r["accuracy"] == pa])
              for pa in pas]
