@@ -19,7 +19,7 @@ from petals_chain.experiments.common import REPO, Summary, plt, save_figure, wri
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 from petals_chain.model import SpecError
 
-DEFAULT_STEM = REPO / "results" / "profile" / "cpu-emulated-regime-gpu0"  # the profile measured last
+DEFAULT_STEM = REPO / "results" / "profile" / "cpu-emulated-regime-full"  # all 9 servers, full grid, quiet machine
 KIND_COLOURS = {"high end": "tab:blue", "low end": "tab:orange"}
 PAPER = ["computation time grows linearly with the number of blocks a server runs",
          "prefill time grows linearly with the input length; decode time linearly with the output length"]
@@ -100,19 +100,26 @@ def run(args: Any) -> Summary:
     names = {"blocks": "computation vs blocks", "input": "prefill vs input length", "output": "decode vs output length"}
     lines = [f"{names[k]}: {errors[k].describe()}" for k in data]
     lines += [f"{names[k]}: a straight line through the measured points has R² {pf.line_r2(data[k]):.3f}" for k in data]
+    ratios = []
     for k in data:
+        slopes = {}
         for kind in ("high end", "low end"):
             pts = [p for p in data[k] if kinds[p.server] == kind]
             if pts:
-                lines.append(f"{names[k]}, {kind}: measured slope {pf.slope(pts) * 1e3:.3f} ms per unit of x")
+                slopes[kind] = pf.slope(pts)
+                lines.append(f"{names[k]}, {kind}: measured slope {slopes[kind] * 1e3:.3f} ms per unit of x")
+        if len(slopes) == 2 and slopes["high end"] > 0:
+            ratios.append(slopes["low end"] / slopes["high end"])
     lines.append(f"profile {where}: {profile.command} "
                  f"({profile.created}); measured = client-side step times, computation inferred by subtracting the "
                  "per-server fitted round trip (the intercept over block counts), see petals_chain/experiments/"
                  "profile_figs.py")
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f} x the high-end's" if ratios else "not measured"
     lines.append("Why it differs from the paper: the shapes agree (linear in blocks, in input length for the prefill, "
-                 "in output length for the decode); the scatter is this shared 2-core machine's (the profile ran "
-                 "at a load average of about 15-20), which also narrows the emulated speed ratio of the low-end "
-                 "stand-ins (a sleep of (1/f - 1) x the CPU time used, while waiting for a core dominates)")
+                 "in output length for the decode); the scatter is this 2-core machine's, where every server's "
+                 "steps share the cores with the others' and with the client; the low-end stand-ins' slopes are "
+                 f"{spread} (their speed is emulated by a sleep of (1/f - 1) x the CPU time each call used, so a "
+                 "loaded machine narrows the ratio)")
     command = f"python -m petals_chain.experiments fig9{' --quick' if getattr(args, 'quick', False) else ''}"
     return Summary("fig9", "computation time vs blocks, input and output length (profile of the emulated testbed)",
                    command, lines, PAPER, {"errors": {k: vars(e) for k, e in errors.items()}})
