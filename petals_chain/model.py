@@ -73,12 +73,15 @@ def span_json(start: int, end: int) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """One server j: memory M_j, communication time τc_j, per-block compute time τp_j."""
+    """One server j: memory M_j, communication time τc_j, per-block compute time τp_j, and the fraction of τp_j
+    it computes one session at a time (0: the paper's model, sessions never slow each other; a PETALS server's
+    task pool does not batch inference steps, so on it the fraction is near 1; compose/serial.py)."""
 
     name: str
     memory_bytes: float
     tau_c_s: float
     tau_p_s: float
+    serial_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -87,6 +90,9 @@ class ServerSpec:
         _check_positive(owner, "memory_bytes", self.memory_bytes)
         _check_positive(owner, "tau_c_s", self.tau_c_s, allow_zero=True)
         _check_positive(owner, "tau_p_s", self.tau_p_s)
+        _check_positive(owner, "serial_fraction", self.serial_fraction, allow_zero=True)
+        if self.serial_fraction > 1:
+            raise SpecError(f"{owner}: field 'serial_fraction' must be <= 1, got {self.serial_fraction!r}")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from petals_chain.schema import (
     Rate,
     Size,
     Text,
+    UnitInterval,
     exactly_one,
     validate_document,
 )
@@ -139,6 +140,7 @@ class ServerRow(FileModel):
     tau_p_s: PositiveNumber | None = None
     tau_c_s: NonNegativeNumber | None = None
     rtt_ms: NonNegativeNumber | None = None
+    serial_fraction: UnitInterval = 0.0  # part of τp computed one session at a time (compose/serial.py)
 
     @model_validator(mode="after")
     def _one_spelling(self) -> ServerRow:
@@ -165,7 +167,7 @@ class ServerRow(FileModel):
         if tc is None:
             rtt = self.rtt if self.rtt is not None else self.rtt_ms / 1e3
             tc = tau_c(rtt, workload)
-        return ServerSpec(self.name, memory, tc, tp)
+        return ServerSpec(self.name, memory, tc, tp, self.serial_fraction)
 
 
 class ClusterFile(FileModel):

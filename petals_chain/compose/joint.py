@@ -29,6 +29,7 @@ from petals_chain.analysis.estimate import jffc_mean_estimate
 from petals_chain.compose.capacity import floor_ratio, max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr_detail
 from petals_chain.compose.gca import gca
+from petals_chain.compose.serial import cap_chains
 from petals_chain.model import Chain, Composition, InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError
 from petals_chain.model import validate_servers
 
@@ -61,8 +62,9 @@ class _Candidate:
     e: int
     variant: str
     placement: Placement
-    chains: tuple[Chain, ...]
+    chains: tuple[Chain, ...]  # as offered: slots cut to what serial servers can run (compose/serial.py)
     gbp_chains: int
+    whole: tuple[int, ...] = ()  # servers that hold the whole model as one-server chains
 
     @property
     def order(self) -> tuple:
@@ -94,16 +96,19 @@ def _candidates(
     variant: str,
     placement: Placement,
     gbp_chains: int,
+    servers: Sequence[ServerSpec],
 ) -> Iterator[_Candidate]:
-    """Every stable candidate of k GCA chains (a prefix) plus e whole-model chains on servers they leave idle."""
+    """Every stable candidate of k GCA chains (a prefix) plus e whole-model chains on servers they leave idle,
+    each chain's slots and time as its serial servers allow (compose/serial.py; unchanged in the paper's model)."""
     for k in range(1, len(chains) + 1):
         used = {j for ch in chains[:k] for j in ch.servers}
         free = [ch for ch in whole if ch.servers[0] not in used]
         for e in range(len(free) + 1):
-            chosen = tuple(chains[:k]) + tuple(free[:e])
+            chosen = cap_chains(tuple(chains[:k]) + tuple(free[:e]), servers)
             b = theorem37_bounds([ch.rate_per_s for ch in chosen], [ch.capacity for ch in chosen], arrival_rate)
             if math.isfinite(b.lower_s):
-                yield _Candidate(b.lower_s, b.upper_s, c, rank, k, e, variant, placement, chosen, gbp_chains)
+                yield _Candidate(b.lower_s, b.upper_s, c, rank, k, e, variant, placement, chosen, gbp_chains,
+                                 tuple(ch.servers[0] for ch in free[:e]))
 
 
 def _estimate(cand: _Candidate, arrival_rate: float):
@@ -171,7 +176,8 @@ def joint_compose(
                 continue
             built = True
             chains = gca(servers, model, res.placement)
-            found = list(_candidates(chains, whole, arrival_rate, cc, rank, variant, res.placement, res.num_chains))
+            found = list(_candidates(chains, whole, arrival_rate, cc, rank, variant, res.placement, res.num_chains,
+                                     servers))
             cands += found
             if not found and c is not None and max_chains and chains:
                 unstable = _Candidate(
@@ -194,13 +200,13 @@ def joint_compose(
             f"no c in {'1..' + str(c_max) if c is None else c} gives chains that keep the system stable at "
             f"λ={arrival_rate:g}/s for model {model.name!r}; add servers or lower the load"
         )
-    used = {j for ch in win.chains[: win.k] for j in ch.servers}
+    used = {j for ch in win.chains for j in ch.servers if j not in win.whole}
     first, count = list(win.placement.first_block), list(win.placement.num_blocks)
     for j in range(len(servers)):
         if j not in used:  # a server no kept chain uses holds nothing (or the whole model below)
             first[j], count[j] = 0, 0
-    for ch in win.chains[win.k :]:
-        first[ch.servers[0]], count[ch.servers[0]] = 1, model.num_blocks
+    for j in win.whole:
+        first[j], count[j] = 1, model.num_blocks
     choice = JointChoice(
         win.c,
         win.variant,

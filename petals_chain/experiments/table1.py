@@ -162,9 +162,10 @@ def prepare(args: argparse.Namespace, strict: bool = True) -> Prepared:
                        job_time_s=mean_job_time,
                        capacity_job=(profile.capacity.input_tokens, profile.capacity.output_tokens))
     job = (float(plan.input_tokens.mean()), float(plan.output_tokens.mean()))
+    sigma = profile.serial_fraction()
     servers = [FittedServer(s.name, s.memory_bytes, profile.fits[s.name].tau_p_s(*job),
                             profile.fits[s.name].tau_c_s(job[1]), profile.fits[s.name].inference_rps,
-                            profile.fits[s.name].forward_rps) for s in tb.servers]
+                            profile.fits[s.name].forward_rps, sigma) for s in tb.servers]
     from transformers import AutoConfig
 
     vocab = int(AutoConfig.from_pretrained(str(setup.model_dir)).vocab_size)

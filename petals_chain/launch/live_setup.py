@@ -74,11 +74,12 @@ class FittedServer:
     tau_c_s: float
     inference_rps: float  # decode steps per second per block (1 / t_out)
     forward_rps: float  # prefill tokens per second per block (1 / t_in)
+    serial_fraction: float = 0.0  # fitted from the closed-loop probe (compose/serial.py)
 
     @property
     def spec(self) -> ServerSpec:
         """The ServerSpec the composers see."""
-        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s)
+        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction)
 
 
 def write_cluster(path: Path, setup: ModelSetup, servers: Sequence[FittedServer], arrival_rate: float,
@@ -92,7 +93,7 @@ def write_cluster(path: Path, setup: ModelSetup, servers: Sequence[FittedServer]
         "load": {"arrival_rate": float(arrival_rate), "target_load": float(target_load)},
         "workload": {"input_tokens": int(job[0]), "output_tokens": int(job[1])},
         "servers": [{"name": s.name, "memory_gb": s.memory_bytes / 1e9, "tau_c_s": float(s.tau_c_s),
-                     "tau_p_s": float(s.tau_p_s)} for s in servers],
+                     "tau_p_s": float(s.tau_p_s), "serial_fraction": float(s.serial_fraction)} for s in servers],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# Written by petals_chain.launch.profiler: tau_p_s / tau_c_s fitted on the live testbed\n"

@@ -174,3 +174,9 @@ class Capacity:
     window_s: float
     completed: int
     mean_job_s: float
+    servers: tuple[str, ...] = ()  # the probed servers; stream k ran on servers[k % len] ("" in older profiles)
+
+    def sessions(self) -> list[int]:
+        """Closed-loop sessions each probed server had (streams dealt round-robin)."""
+        n = len(self.servers)
+        return [self.streams // n + (1 if k < self.streams % n else 0) for k in range(n)]

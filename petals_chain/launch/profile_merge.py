@@ -58,7 +58,8 @@ def merge_profiles(parts: Sequence[Profile], command: str, rule: str = "median",
         if dup := sorted(set(fits) & set(p.fits)):
             raise SpecError(f"server(s) {', '.join(dup)} profiled in two parts")
         fits.update(p.fits)
-    caps = [p.capacity for p in parts if p.capacity is not None]
+    # a part's probe ran on that part's servers (older parts did not record them)
+    caps = [c if c.servers else replace(c, servers=tuple(p.fits)) for p in parts if (c := p.capacity) is not None]
     return Profile(testbed or first.testbed, first.model, first.num_blocks, first.max_length, fits,
                    merge_capacity(caps, rule), first.job, max(p.created for p in parts), command)
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.model import SpecError
+from petals_chain.compose.serial import fit_serial_fraction
 from petals_chain.launch.profile_fit import PARAMS, Capacity, ProfileGrid, ServerFit, StepSample
+from petals_chain.model import ServerSpec, SpecError
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,17 @@ class Profile:
     created: str = ""
     command: str = ""
 
+    def serial_fraction(self) -> float:
+        """The part of τp the servers compute one session at a time, fitted so that the closed-loop probe's
+        throughput is what mean value analysis predicts (compose/serial.py); 0 (the paper's model) without a probe
+        that names its servers."""
+        cap = self.capacity
+        if cap is None or not cap.servers or any(n not in self.fits for n in cap.servers):
+            return 0.0
+        li, lo = cap.input_tokens, cap.output_tokens
+        specs = [ServerSpec(n, 1.0, self.fits[n].tau_c_s(lo), self.fits[n].tau_p_s(li, lo)) for n in cap.servers]
+        return fit_serial_fraction(specs, cap.sessions(), self.num_blocks, cap.jobs_per_s)
+
     def to_json(self) -> dict[str, Any]:
         """JSON document (fits with their τ for ``job``)."""
         li, lo = self.job
@@ -39,7 +51,8 @@ class Profile:
                 "created": self.created, "command": self.command,
                 "servers": [{**asdict(f), "tau_p_s": f.tau_p_s(li, lo), "tau_c_s": f.tau_c_s(lo),
                              "model_tau_c_s": f.model_tau_c_s(lo)} for f in self.fits.values()],
-                "capacity": asdict(self.capacity) if self.capacity is not None else None}
+                "capacity": asdict(self.capacity) if self.capacity is not None else None,
+                "serial_fraction": self.serial_fraction()}
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -58,7 +71,9 @@ def load_profile(path: str | Path) -> Profile:
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise SpecError(f"{path}: servers[{i}].{p} must be a number >= 0, got {v!r}")
             fits[s["name"]] = ServerFit(**kw)
-        cap = Capacity(**doc["capacity"]) if doc.get("capacity") else None
+        cap = None
+        if doc.get("capacity"):
+            cap = Capacity(**{**doc["capacity"], "servers": tuple(doc["capacity"].get("servers", ()))})
         job = (int(doc["job"]["input_tokens"]), int(doc["job"]["output_tokens"]))
         return Profile(doc["testbed"], doc["model"], int(doc["num_blocks"]), int(doc["max_length"]), fits, cap, job,
                        doc.get("created", ""), doc.get("command", ""))
@@ -179,7 +194,8 @@ def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[
     paths["png"] = plot_profile(out_dir / f"{stem}.png", samples, profile.fits, (grid.base_input, grid.base_output),
                                 profile.num_blocks, f"profile of {profile.testbed}")
     li, lo = profile.job
-    fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps)
+    sigma = profile.serial_fraction()
+    fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps, sigma)
               for n, f in profile.fits.items()]
     rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else defaults.ARRIVAL_RATE
     paths["cluster"] = write_cluster(out_dir / f"{stem}_cluster.yaml", setup, fitted, rate, target_load, profile.job)

@@ -169,7 +169,7 @@ class LiveProfiler:
         if not done:
             raise RuntimeError(f"capacity probe: no job finished within {duration_s:g} s")
         return Capacity(len(done) / (hi - lo), input_tokens, output_tokens, streams, hi - lo, len(done),
-                        float(np.mean([e - s for s, e in done])))
+                        float(np.mean([e - s for s, e in done])), tuple(self.names))
 
     def stop(self) -> None:
         """Stop the routing threads, the client's DHT node and every process this profiler started."""

@@ -176,6 +176,10 @@ class Orchestrator:
             peer_id=body.peer_id,
             address=body.address,
         )
+        if spec is not None and rec.serial_fraction != spec.serial_fraction:
+            rec.serial_fraction = spec.serial_fraction  # pinned with its times: a server does not measure it
+            self.registry.generation += 1
+            changed = True
         if self.on_change is not None:
             self.on_change()  # its peer id or address may be new even when the composition stays
         if changed:

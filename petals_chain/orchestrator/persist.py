@@ -181,10 +181,14 @@ def attach_state(orch: Orchestrator, store: StateStore, *, attach_grace_s: float
     reg = orch.registry
     now = orch.clock()
     if state.servers:
+        # σ is not stored: it comes from the cluster file this orchestrator was started with, as before the restart
+        serial = {name: rec.serial_fraction for name, rec in reg.servers.items()}
+        serial |= {name: spec.serial_fraction for name, spec in orch.pinned.items()}
         reg.servers.clear()
         for s in state.servers:
             rec = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, s.peer_id, s.address,
-                               None if s.planned else now, s.alive, s.dead_reason)
+                               None if s.planned else now, s.alive, s.dead_reason,
+                               serial_fraction=serial.get(s.name, 0.0))
             if s.assignment is not None:
                 rec.assignment = Assignment(s.name, *s.assignment)
             if s.previous_assignment is not None:

@@ -88,10 +88,11 @@ class ServerRecord:
     previous_assignment: Assignment | None = None
     serving: tuple[int, int] | None = None
     pending: str = ""  # why it is held out of the composition (not yet seen in the DHT), "" once believed
+    serial_fraction: float = 0.0  # from a cluster file (compose/serial.py); servers do not measure it themselves
 
     def spec(self) -> ServerSpec:
         """The ServerSpec the composition algorithms see."""
-        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s)
+        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the HTTP API."""
@@ -102,6 +103,7 @@ class ServerRecord:
             "memory_bytes": self.memory_bytes,
             "tau_p_s": self.tau_p_s,
             "tau_c_s": self.tau_c_s,
+            "serial_fraction": self.serial_fraction,
             "alive": self.alive,
             "dead_reason": self.dead_reason or None,
             "assignment": self.assignment.to_json() if self.assignment else None,
@@ -255,7 +257,8 @@ class Registry:
             check_name(s.name, "servers[].name")
             self.check_memory(s.memory_bytes)
         for s in specs:
-            self.servers[s.name] = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s)
+            self.servers[s.name] = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s,
+                                                serial_fraction=s.serial_fraction)
         self.generation += 1
 
     def get(self, name: str) -> ServerRecord:

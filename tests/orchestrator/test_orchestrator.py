@@ -578,6 +578,26 @@ def test_pinned_servers_keep_the_planned_times_and_bad_figures_are_still_refused
     run(body())
 
 
+def test_a_pinned_serial_fraction_reaches_the_composition() -> None:
+    """σ comes with the pinned times from the cluster file (a server does not report it): the server's whole-model
+    chain keeps the 2 slots it can run one at a time, not the 10 its memory holds; the API shows σ."""
+    from petals_chain.compose.methods import METHODS
+    from petals_chain.model import ServerSpec
+
+    async def body() -> None:
+        registry = Registry(MODEL, arrival_rate=0.2, compose_fn=METHODS["proposed"].compose)
+        plan = ServerSpec("p", 8 * GB, tau_c_s=1.0, tau_p_s=0.25, serial_fraction=1.0)  # T = 2 s, D = 1 s per job
+        orch = Orchestrator(registry, heartbeat_timeout_s=None, pinned={"p": plan})
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
+            await oc.register("p", memory_bytes=8 * GB, tau_p_s=0.1, tau_c_s=0.01)
+            assert [ch.capacity for ch in registry.composition.chains] == [2]
+            assert registry.servers["p"].to_json()["serial_fraction"] == 1.0
+            await oc.register("q", memory_bytes=8 * GB, tau_p_s=0.25, tau_c_s=1.0)  # unpinned: the paper's model
+            assert registry.servers["q"].serial_fraction == 0.0
+
+    run(body())
+
+
 # ---- the JFFC addition and the CLI --------------------------------------------------------------
 
 
