@@ -20,6 +20,7 @@ import math
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,13 +218,16 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
                 info = live.start()
                 log(f"[{method}] ready after {info.startup_s:.0f} s: {_describe_info(info)}")
                 bar = tqdm(total=plan.n, desc=f"{METHODS[method].label:9}", unit="req")
-                last = [0]
+                last, bar_lock = [0], threading.Lock()
 
-                def progress(arrived: int, done: int, total: int, bar: Any = bar, last: list[int] = last) -> None:
-                    bar.set_postfix_str(f"arrived {arrived}/{total}, in flight {arrived - done}")
-                    if done > last[0]:
-                        bar.update(done - last[0])
-                        last[0] = done
+                def progress(arrived: int, done: int, total: int, bar: Any = bar, last: list[int] = last,
+                             bar_lock: Any = bar_lock) -> None:
+                    """Called from every request's thread: one at a time, or two may count the same request."""
+                    with bar_lock:
+                        bar.set_postfix_str(f"arrived {arrived}/{total}, in flight {arrived - done}")
+                        if done > last[0]:
+                            bar.update(done - last[0])
+                            last[0] = done
 
                 res = replay(method, live.client.serve, plan, prep.prompts, drain_timeout_s=drain, progress=progress)
                 bar.close()
