@@ -16,6 +16,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from scipy.optimize import brentq
+
 from petals_chain.model import Chain, ServerSpec, SpecError
 
 _TOL = 1e-9
@@ -27,7 +29,6 @@ def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int) -> t
     if sessions < 1:
         raise SpecError(f"closed_chain: sessions must be >= 1, got {sessions}")
     queue = [0.0] * len(demands_s)
-    thr, resp = 0.0, delay_s + sum(demands_s)
     for n in range(1, sessions + 1):
         times = [d * (1.0 + q) for d, q in zip(demands_s, queue)]
         resp = delay_s + sum(times)
@@ -86,8 +87,8 @@ def probe_throughput(servers: Sequence[ServerSpec], sessions: Sequence[int], num
 
 def fit_serial_fraction(servers: Sequence[ServerSpec], sessions: Sequence[int], num_blocks: int,
                         measured_jobs_per_s: float) -> float:
-    """The σ in [0, 1] whose predicted probe throughput equals the measured one (bisection; throughput falls as σ
-    grows). Clipped: 0 if the probe beat even the paper's model, 1 if it fell short of full serialisation (then
+    """The σ in [0, 1] whose predicted probe throughput equals the measured one (Brent's method; throughput falls as
+    σ grows). Clipped: 0 if the probe beat even the paper's model, 1 if it fell short of full serialisation (then
     something beyond one server's queue, e.g. cores the servers share, slows them too)."""
     if not (math.isfinite(measured_jobs_per_s) and measured_jobs_per_s > 0):
         raise SpecError(f"fit_serial_fraction: measured throughput must be a number > 0, got {measured_jobs_per_s!r}")
@@ -95,11 +96,5 @@ def fit_serial_fraction(servers: Sequence[ServerSpec], sessions: Sequence[int], 
         return 0.0
     if measured_jobs_per_s <= probe_throughput(servers, sessions, num_blocks, 1.0):
         return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if probe_throughput(servers, sessions, num_blocks, mid) > measured_jobs_per_s:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return float(brentq(lambda sigma: probe_throughput(servers, sessions, num_blocks, sigma) - measured_jobs_per_s,
+                        0.0, 1.0, xtol=1e-12))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from petals_chain.model import SpecError
+from petals_chain.sim.montecarlo import confidence_interval
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,8 @@ def paired(responses: dict[str, dict[int, float]], against: str) -> list[Paired]
         if m == against or len(keys) < 2:
             continue
         d = np.array([resp[i] - base[i] for i in keys])
-        half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-        out.append(Paired(m, against, len(d), float(d.mean()), float(d.mean() - half), float(d.mean() + half),
-                          float(np.mean(d > 0))))
+        ci = confidence_interval(d)
+        out.append(Paired(m, against, ci.n, ci.mean, ci.ci_low, ci.ci_high, float(np.mean(d > 0))))
     return out
 
 
