@@ -1,27 +1,14 @@
-"""Speculative drafts that need no second model (prompt lookup), and the width's range check; torch-free so that
-the orchestrator and the tests use them cheaply (docs/moldable.md, "Speculative width on the swarm")."""
+"""Speculative drafts that need no second model (prompt lookup); torch-free so that the tests use them cheaply.
+
+The width's range check is :mod:`petals_chain.moldable.width_range` (docs/moldable.md, "Speculative width on the
+swarm").
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from petals_chain.model import SpecError
-
-MAX_WIDTH = 32  # positions per step; the experiments use 1..8
 Drafter = Callable[[Sequence[int], int], list[int]]
-
-
-class WidthError(SpecError):
-    """A speculative width (positions verified per step) outside 1..MAX_WIDTH, or a bad draft setting."""
-
-
-def check_width(width: Any, field_name: str = "width", max_width: int = MAX_WIDTH) -> int:
-    """``width`` as an int in 1..max_width; WidthError naming the field otherwise (1 = plain greedy decoding)."""
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= max_width:
-        raise WidthError(f"{field_name}: must be an integer in 1..{max_width} (positions verified per step; "
-                         f"1 = plain greedy decoding), got {width!r}")
-    return width
 
 
 def prompt_lookup_draft(tokens: Sequence[int], count: int, max_ngram: int = 3) -> list[int]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from petals_chain import defaults
-from petals_chain.client.drafts import check_width
+from petals_chain.moldable.width_range import check_width
 from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.blocking import BlockingOrchestrator

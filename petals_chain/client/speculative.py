@@ -21,7 +21,8 @@ from hivemind.proto import runtime_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 from petals.client.inference_session import _ServerInferenceSession
 
-from petals_chain.client.drafts import Drafter, WidthError, check_width, prompt_lookup_draft
+from petals_chain.client.drafts import Drafter, prompt_lookup_draft
+from petals_chain.moldable.width_range import WidthError, check_width
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
 

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from petals_chain import defaults
-from petals_chain.client.drafts import MAX_WIDTH
+from petals_chain.moldable.width_range import MAX_WIDTH
 from petals_chain.orchestrator.registry import MAX_TIME_S
 
 DEFAULT_WAIT_S = defaults.LEASE_WAIT_S  # how long POST /lease waits for a chain when the body does not say

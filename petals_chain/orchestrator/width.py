@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.client.drafts import check_width
+from petals_chain.moldable.width_range import check_width
 from petals_chain.model import SpecError
 from petals_chain.moldable.policies import allocate, scheme_probabilities
 from petals_chain.moldable.speedup import SpeedUp, concave_hull

@@ -7,7 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from petals_chain.client.drafts import WidthError, check_width, prompt_lookup_draft
+from petals_chain.client.drafts import prompt_lookup_draft
+from petals_chain.moldable.width_range import WidthError, check_width
 from petals_chain.model import SpecError
 from petals_chain.moldable.optimal import optimal_allocation
 from petals_chain.moldable.speedup import SpeedUp, SpeedUpError, concave_hull
