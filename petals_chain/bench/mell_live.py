@@ -79,10 +79,10 @@ def server_plans(sizes: Any) -> list[Any]:
 
 def _chains(sw: Any) -> tuple[list[Any], list[Any]]:
     """(one-hop chain, multi-hop chain) as Hops, from the orchestrator's chains and servers."""
-    from petals_chain.client.kv_migrate import Hop
+    from petals_chain.protocol.hop import Hop
 
     peers = {r["name"]: r["peer_id"] for r in sw.get("/servers")["servers"]}
-    chains = [[Hop(peers[s["server"]], s["start"], s["end"], s["server"]) for s in c["spans"]]
+    chains = [[Hop(s["server"], s["start"], s["end"], peers[s["server"]]) for s in c["spans"]]
               for c in sw.get("/chains")["chains"]]
     one = [c for c in chains if len(c) == 1]
     many = [c for c in chains if len(c) >= 2]

@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.orchestrator.exposure import self_signed_pair
-
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
+from petals_chain.orchestrator.exposure import self_signed_pair
 
 MODEL = ModelSpec(num_blocks=32, block_bytes=0.4e9, cache_bytes=0.05e9, name="bench-32")
 
@@ -88,7 +87,7 @@ async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
     import aiohttp
     from tqdm import tqdm
 
-    from petals_chain.orchestrator.client import OrchestratorClient
+    from petals_chain.protocol.http_client import OrchestratorClient
 
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
@@ -161,8 +160,8 @@ def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.
 
 async def _lease_manager_us(comp: Composition, pairs: int) -> float:
     """µs per acquire+release round trip in the LeaseManager itself (no HTTP)."""
-    from petals_chain.orchestrator.leases import LeaseManager
     from petals_chain.orchestrator.chains import chain_infos
+    from petals_chain.orchestrator.leases import LeaseManager
 
     lm = LeaseManager()
     lm.set_chains(chain_infos(comp, 1), 1)

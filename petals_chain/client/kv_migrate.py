@@ -30,7 +30,8 @@ from petals.data_structures import CHAIN_DELIMITER, RemoteSpanInfo, ServerInfo, 
 from petals.utils.misc import DUMMY, DUMMY_INT64
 from petals.utils.packaging import pack_args_kwargs
 
-from petals_chain.server.kv_handler import KV_IMPORT_KEY, block_index
+from petals_chain.protocol.hop import Hop
+from petals_chain.protocol.kv_keys import KV_IMPORT_KEY, block_index
 
 MODES = ("kv", "replay")
 log = logging.getLogger(__name__)
@@ -38,16 +39,6 @@ log = logging.getLogger(__name__)
 
 class MigrationError(RuntimeError):
     """A migration did not complete; the session still runs on its old chain."""
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One server of a chain: its peer id (base58) and the absolute blocks start:end it serves for the session."""
-
-    peer_id: str
-    start: int
-    end: int
-    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,7 +67,7 @@ def route_spans(session: InferenceSession, hops: Sequence[Hop]) -> list[RemoteSp
         if hop.start != pos or hop.end <= hop.start:
             raise ValueError(f"hops must cover blocks {off}:{off + n} in order; got {[(h.start, h.end) for h in hops]}")
         info = ServerInfo(state=ServerState.ONLINE, throughput=1.0, start_block=hop.start, end_block=hop.end,
-                          public_name=hop.name or None)
+                          public_name=hop.server or None)
         spans.append(RemoteSpanInfo(PeerID.from_base58(hop.peer_id), hop.start - off, hop.end - off, info))
         pos = hop.end
     if pos != off + n:
@@ -234,7 +225,6 @@ def cache_tokens_left(session: InferenceSession, peer_id: str) -> int:
 
 def migrate_leased(session: Any, lease: Any, mode: str = "kv") -> Migration:
     """Move a ``LeasedInferenceSession`` onto ``lease``'s chain, then hold that lease and release the old one."""
-    hops = [Hop(h.peer_id, h.start, h.end, h.server) for h in lease.spans]
-    record = migrate(session, hops, mode)
+    record = migrate(session, lease.spans, mode)
     session._use_lease(lease).release()
     return record

@@ -4,19 +4,20 @@ lease (LeaseKeeper)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import dataclasses
-import threading
+import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
 from petals_chain import defaults
-from petals_chain.moldable.width_range import check_width
 from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.blocking import BlockingOrchestrator
-from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
+from petals_chain.moldable.width_range import check_width
+from petals_chain.protocol.blocking import BlockingOrchestrator
+from petals_chain.protocol.http_client import OrchestratorError
+from petals_chain.protocol.replies import LeaseInfo
 
 log = logging.getLogger(__name__)
 

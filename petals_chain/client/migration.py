@@ -21,7 +21,7 @@ from petals_chain.client import kv_migrate
 from petals_chain.client.kv_migrate import MigrationError
 from petals_chain.mell.hybrid import Budgets, Mode, Speeds, hybrid_divide
 from petals_chain.mell.state import Move
-from petals_chain.orchestrator.client import LeaseInfo
+from petals_chain.protocol.replies import LeaseInfo
 
 if TYPE_CHECKING:
     from petals_chain.client.session import LeasedInferenceSession

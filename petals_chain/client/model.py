@@ -21,7 +21,7 @@ from petals_chain.client.sequence_manager import OrchestratedSequenceManager
 from petals_chain.client.session import LeasedInferenceSession
 from petals_chain.client.speculative import SpeculativeSession, speculative_model
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.blocking import BlockingOrchestrator
+from petals_chain.protocol.blocking import BlockingOrchestrator
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class AutoDistributedModelForCausalLM:
             model_name_or_path = _local_model(model_name_or_path)
         options = LeaseOptions(lease_timeout_s, lease_ttl_s, client_label, k_max=speculative_k_max,
                                emulated_rtt_s=emulated_rtt_s, **(lease_options or {}))
-        from petals_chain.orchestrator.auth import role_token
+        from petals_chain.protocol.auth import role_token
 
         orch = BlockingOrchestrator(orchestrator, token=role_token("client", orchestrator_token))
         try:

@@ -11,8 +11,8 @@ from typing import Any
 from petals.client.routing.sequence_manager import RemoteSequenceManager
 
 from petals_chain.client.lease import LeaseOptions
-from petals_chain.orchestrator.blocking import BlockingOrchestrator
-from petals_chain.orchestrator.client import LeaseInfo
+from petals_chain.protocol.blocking import BlockingOrchestrator
+from petals_chain.protocol.replies import LeaseInfo
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ from petals_chain.client.lease import LeaseKeeper
 from petals_chain.client.migration import MigrationError, choose_mode, kv_bytes_per_token, migrator_for
 from petals_chain.client.records import FailoverRecord, MigrationRecord, SessionRecord
 from petals_chain.client.sequence_manager import OrchestratedSequenceManager
-from petals_chain.orchestrator.client import LeaseInfo, OrchestratorError
+from petals_chain.protocol.http_client import OrchestratorError
+from petals_chain.protocol.replies import LeaseInfo
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from petals_chain.experiments.common import REPO
 from petals_chain.launch.slowdown import SPEED_ENV
-from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, http_json, write_tiny_llama
+from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, write_tiny_llama
+from petals_chain.protocol.blocking import request_json
 
 SMOLLM2_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
 
@@ -76,7 +77,7 @@ class SpeedSwarm(LocalSwarm):
     def set_policy(self, policy: str) -> dict[str, Any]:
         """Switch the orchestrator's migration policy (POST /migrations)."""
         assert self.url is not None
-        return http_json(self.url + "/migrations", data={"policy": policy})
+        return request_json(self.url + "/migrations", data={"policy": policy})
 
 
 def model_dir(quick: bool, tmp: Path) -> tuple[Path, str]:

@@ -100,7 +100,7 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
     from petals_chain.loopback.speculative_load import serve_load
-    from petals_chain.loopback.swarm import http_json
+    from petals_chain.protocol.blocking import request_json
 
     seq = np.random.SeedSequence(args.seed)
     extra = ("--width", "greedy-p", "--speedup-profile", str(profile), "--width-seed", str(args.seed))
@@ -119,7 +119,7 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
                 cells += [(load, policy, per_load) for policy in POLICIES]  # the same arrivals for every policy
             for load, policy, arrivals in tqdm(cells, desc="load × policy cells"):
                 rate = load * units / t1
-                http_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate},
+                request_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate},
                           token=sw.api_token or sw.token)
                 rows = serve_load(model, tok, policy, load, rate, window_s, new_tokens,
                                   np.random.default_rng(arrivals), prompts)

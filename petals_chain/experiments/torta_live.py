@@ -111,9 +111,9 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
         order = round_order(args.quick)
         for k, policy in enumerate(order):
             swarm_idle(swarm)
-            from petals_chain.loopback.swarm import http_json
+            from petals_chain.protocol.blocking import request_json
 
-            http_json(swarm.url + "/macro/policy", data={"policy": policy})
+            request_json(swarm.url + "/macro/policy", data={"policy": policy})
             start = time.time() + 2.0
             reqs = {o: [{"id": i, "at_s": t, "prompt": prompts[i % len(prompts)], "new_tokens": NEW_TOKENS}
                         for i, t in enumerate(times[o])] for o in ORIGINS}

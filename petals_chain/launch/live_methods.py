@@ -168,10 +168,10 @@ class LiveMethod:
             argv += ["--c", str(c)]
         self.swarm.spawn_root("orchestrator", argv)
         self.url = self.swarm.wait_line("orchestrator", READY_LINE, 120.0).group(1)
-        from petals_chain.loopback.swarm import http_json
+        from petals_chain.protocol.blocking import request_json
 
         index = {s.name: j for j, s in enumerate(self.swarm.launch.testbed.servers)}
-        holding = [r["name"] for r in http_json(self.url + "/servers")["servers"]
+        holding = [r["name"] for r in request_json(self.url + "/servers")["servers"]
                    if r["assignment"] and r["assignment"]["num_blocks"] > 0]
         if not holding:
             raise MethodError(f"{self.method}: the orchestrator assigned no blocks:\n"

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -207,16 +206,17 @@ def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeo
                       stable_s: float = 2.0) -> dict[str, Any]:
     """Until every named server registered and serves exactly its assignment and the chains are offered (unchanged
     for stable_s): the method's chains, as the replay will see them, are then the ones recorded."""
-    from petals_chain.loopback.swarm import http_json
+    from petals_chain.protocol.blocking import request_json
+    from petals_chain.protocol.http_client import OrchestratorError
 
     deadline = time.monotonic() + timeout_s
     ok_since, last = None, None
     while time.monotonic() < deadline:
         swarm.check_alive()
         try:
-            servers = http_json(url + "/servers")
-            health = http_json(url + "/health")
-        except (urllib.error.URLError, OSError, ValueError):
+            servers = request_json(url + "/servers")
+            health = request_json(url + "/health")
+        except (OrchestratorError, OSError, ValueError):  # an error status, unreachable, not JSON yet
             time.sleep(0.5)
             continue
         recs = {r["name"]: r for r in servers["servers"]}
@@ -229,7 +229,7 @@ def wait_orchestrated(url: str, names: Sequence[str], swarm: TestbedSwarm, timeo
         key = (servers["version"], ready)
         if ready and key == last:
             if ok_since is not None and time.monotonic() - ok_since >= stable_s:
-                return {"servers": servers, "health": health, "chains": http_json(url + "/chains")}
+                return {"servers": servers, "health": health, "chains": request_json(url + "/chains")}
         else:
             ok_since = time.monotonic() if ready else None
         last = key

@@ -65,8 +65,8 @@ def wait_announced(model: Any, servers: int, timeout_s: float = 120.0) -> None:
 def connect_servers(model: Any, servers: list[dict[str, Any]]) -> int:
     """Tell the client's p2p daemon every server's announced address (GET /servers): otherwise it knows only the
     peers its DHT lookups happened to reach, and a lease on any other server fails with "routing: not found"."""
-    from hivemind.p2p import PeerID
     from hivemind.moe.client.remote_expert_worker import RemoteExpertWorker
+    from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
     p2p = model.transformer.h.sequence_manager.state.p2p
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoDistributedModelForCausalLM.from_pretrained(
         args.model_dir, orchestrator=args.orchestrator, initial_peers=args.initial_peers, lease_timeout_s=600.0,
         lease_ttl_s=60.0, client_label=args.origin, show_route=False)
-    from petals_chain.loopback.swarm import http_json
+    from petals_chain.protocol.blocking import request_json
 
     base = args.orchestrator.split("/origins/")[0]
     wait_announced(model, args.servers)
-    connect_servers(model, http_json(base + "/servers")["servers"])
+    connect_servers(model, request_json(base + "/servers")["servers"])
     print("loaded", flush=True)
     k = 0
     while True:
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = json.loads(go.read_text())
         if plan.get("stop"):
             return 0
-        connect_servers(model, http_json(base + "/servers")["servers"])
+        connect_servers(model, request_json(base + "/servers")["servers"])
         results: list[dict[str, Any]] = []
         lock = threading.Lock()
 

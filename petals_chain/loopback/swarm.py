@@ -9,15 +9,12 @@ teardown also runs on errors and Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +22,8 @@ from typing import Any
 from petals_chain import defaults
 from petals_chain.model import SpecError
 from petals_chain.checkpoint.sizing import BlockSizes, block_sizes
+from petals_chain.protocol.blocking import request_json
+from petals_chain.protocol.http_client import OrchestratorError
 
 READY_RE = re.compile(r"orchestrator listening on (http://\S+)")
 
@@ -79,17 +78,6 @@ def group_members(pgid: int) -> list[tuple[int, str]]:
         if pgrp == pgid and state not in ("Z", "X"):
             out.append((int(entry), state))
     return out
-
-
-def http_json(url: str, timeout_s: float = 10.0, data: dict | None = None, token: str | None = None) -> Any:
-    """GET (or POST ``data``) a JSON document (with a bearer token); urllib so the launcher needs no event loop."""
-    body = None if data is None else json.dumps(data).encode()
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=body, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
 
 
 def write_tiny_llama(path: str | Path, *, num_blocks: int = 4, hidden: int = 128, vocab: int = 512,
@@ -241,7 +229,7 @@ class LocalSwarm:
     def get(self, path: str, timeout_s: float = 10.0) -> Any:
         """GET a JSON route of the orchestrator."""
         assert self.url is not None
-        return http_json(self.url + path, timeout_s, token=self.api_token or self.token)
+        return request_json(self.url + path, timeout_s, token=self.api_token or self.token)
 
     def wait_ready(self, names: list[str], timeout_s: float = 300.0, stable_s: float = 3.0) -> dict[str, Any]:
         """Until the named servers are registered and alive, a composition exists, and every server with
@@ -256,7 +244,7 @@ class LocalSwarm:
             try:
                 servers = self.get("/servers")
                 health = self.get("/health")
-            except (urllib.error.URLError, OSError, ValueError):
+            except (OrchestratorError, OSError, ValueError):  # an error status, unreachable, not JSON yet
                 time.sleep(0.5)
                 continue
             recs = {r["name"]: r for r in servers["servers"]}

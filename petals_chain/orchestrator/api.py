@@ -39,22 +39,34 @@ from prometheus_client.exposition import choose_encoder
 
 from petals_chain import defaults
 from petals_chain.model import SpecError
-from petals_chain.orchestrator import bodies, dashboard
-from petals_chain.orchestrator.auth import OPEN_ROUTES, SECRET_HEADER, Caller, Credentials, ForbiddenError, Guard, \
-    UnauthorizedError
-from petals_chain.orchestrator.bodies import BadRequestError
+from petals_chain.orchestrator import dashboard
+from petals_chain.orchestrator.auth import OPEN_ROUTES, Caller, Credentials, ForbiddenError, Guard, UnauthorizedError
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.drain import DrainBody, drain_status
-from petals_chain.orchestrator.migration import (
-    MigratedBody,
-    MigratingLeaseManager,
-    MigrationFailedBody,
-    PolicyBody,
-)
+from petals_chain.orchestrator.drain import drain_status
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
+from petals_chain.orchestrator.migration import MigratingLeaseManager
+from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
+from petals_chain.orchestrator.request_body import read_body
 from petals_chain.orchestrator.suspects import RateLimitedError
 from petals_chain.orchestrator.trust import Trust
-from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
+from petals_chain.protocol.auth import SECRET_HEADER
+from petals_chain.protocol.limits import MAX_BODY_BYTES
+from petals_chain.protocol.parsing import BadRequestError
+from petals_chain.protocol.requests import (
+    CordonBody,
+    DrainBody,
+    HeartbeatBody,
+    LeaseBody,
+    LeaveBody,
+    MigratedBody,
+    MigrationFailedBody,
+    MigrationPolicyBody,
+    RegisterBody,
+    ReleaseBody,
+    RenewBody,
+    ReportFailureBody,
+    WidthBody,
+)
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +106,7 @@ def _error_middleware(orch: Orchestrator) -> Callable:
                 raise
             status, message, fields = exc.status, exc.reason, []
             if isinstance(exc, web.HTTPRequestEntityTooLarge):
-                message = f"request body too large: at most {bodies.MAX_BODY_BYTES} bytes"
+                message = f"request body too large: at most {MAX_BODY_BYTES} bytes"
         except Exception as exc:  # mapped below; unknown ones are a 500 with the message
             fields = exc.fields if isinstance(exc, BadRequestError) else []
             for cls, code in _STATUS_FOR:
@@ -235,7 +247,7 @@ async def _servers(request: web.Request) -> web.Response:
 async def _register(request: web.Request) -> web.Response:
     """POST /servers/register: add or refresh a server; answers with its assignment and its own secret."""
     orch, guard = request.app[ORCH_KEY], request.app[GUARD_KEY]
-    body = await bodies.read(request, bodies.RegisterBody)
+    body = await read_body(request, RegisterBody)
     known = orch.registry.servers.get(body.name)
     guard.check_reregistration(request, body.name, known is not None and known.alive)
     if orch.trust is not None:
@@ -251,7 +263,7 @@ async def _register(request: web.Request) -> web.Response:
 async def _heartbeat(request: web.Request) -> web.Response:
     """POST /servers/heartbeat: liveness, served span, fresh measurements (only from the server itself)."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.HeartbeatBody)
+    body = await read_body(request, HeartbeatBody)
     caller = request[CALLER_KEY]
     if request.app[GUARD_KEY].enabled and caller.server != body.name:
         raise ForbiddenError(f"heartbeat for server {body.name!r} from server {caller.server!r}: a server "
@@ -270,7 +282,7 @@ async def _assignment(request: web.Request) -> web.Response:
 async def _leave(request: web.Request) -> web.Response:
     """POST /servers/{name}/leave: a server shuts down or gives up; its chains stop being offered at once."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.LeaveBody, required=False)
+    body = await read_body(request, LeaveBody, required=False)
     rec = orch.registry.get(check_name(request.match_info["name"]))
     await orch.server_failed(rec.name, f"left: {body.reason}")
     return _json(_server_reply(orch, rec))
@@ -280,7 +292,7 @@ async def _evict(request: web.Request) -> web.Response:
     """POST /servers/{name}/evict (operator): mark the server dead, revoke its secret and refuse its name until the
     operator lifts the ban (``resume``); its chains go at once."""
     orch, guard = request.app[ORCH_KEY], request.app[GUARD_KEY]
-    body = await bodies.read(request, bodies.CordonBody, required=False)
+    body = await read_body(request, CordonBody, required=False)
     rec = orch.registry.get(check_name(request.match_info["name"]))
     if body.resume:
         guard.banned.pop(rec.name, None)
@@ -299,7 +311,7 @@ async def _cordon(request: web.Request) -> web.Response:
     """POST /servers/{name}/cordon (operator): no new leases through the server (``resume``: undo); unlike a drain
     its sessions stay and it does not leave."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.CordonBody, required=False)
+    body = await read_body(request, CordonBody, required=False)
     name = check_name(request.match_info["name"])
     trust = orch.trust if orch.trust is not None else Trust(orch)
     if body.resume:
@@ -317,14 +329,14 @@ async def _drain(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if request.method == "GET":
         return _json(drain_status(orch, name))
-    body = await bodies.read(request, DrainBody, required=False)
+    body = await read_body(request, DrainBody, required=False)
     return _json(await orch.drain(name, wait_s=body.wait_s, timeout_s=body.timeout_s))
 
 
 async def _lease(request: web.Request) -> web.Response:
     """POST /lease: long-poll until JFFC grants a chain."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.LeaseBody, required=False)
+    body = await read_body(request, LeaseBody, required=False)
     widths = orch.widths
     if body.k_max is not None and widths is None:
         raise BadRequestError("field 'k_max': this orchestrator chooses no speculative widths (start it with --width "
@@ -341,7 +353,7 @@ async def _lease(request: web.Request) -> web.Response:
 async def _renew(request: web.Request) -> web.Response:
     """POST /lease/{id}/renew: extend the TTL."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.RenewBody, required=False)
+    body = await read_body(request, RenewBody, required=False)
     lease = orch.leases.renew(request.match_info["lease_id"], body.ttl_s)
     if orch.widths is not None:
         orch.widths.renew(lease.lease_id)  # the width may be cut back while units are over-committed
@@ -355,7 +367,7 @@ async def _renew(request: web.Request) -> web.Response:
 async def _migrated(request: web.Request) -> web.Response:
     """POST /lease/{id}/migrated: the holder runs on the lease it was offered; the old one ends (404 if none)."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, MigratedBody, required=False)
+    body = await read_body(request, MigratedBody, required=False)
     lease = _moving(orch).complete(request.match_info["lease_id"], body.mode, body.seconds)
     if orch.widths is not None:
         orch.widths.carry(request.match_info["lease_id"], lease)
@@ -365,7 +377,7 @@ async def _migrated(request: web.Request) -> web.Response:
 async def _migration_failed(request: web.Request) -> web.Response:
     """POST /lease/{id}/migration-failed: the holder could not move; it keeps this lease, the reservation ends."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, MigrationFailedBody, required=False)
+    body = await read_body(request, MigrationFailedBody, required=False)
     lease = _moving(orch).fail(request.match_info["lease_id"], body.mode)
     return _json(orch.lease_json(lease))
 
@@ -375,7 +387,7 @@ async def _migrations(request: web.Request) -> web.Response:
     operator's switch, e.g. to compare plain JFFC with JFFC with migration on one swarm)."""
     leases = _moving(request.app[ORCH_KEY])
     if request.method == "POST":
-        leases.set_policy((await bodies.read(request, PolicyBody)).policy)
+        leases.set_policy((await read_body(request, MigrationPolicyBody)).policy)
     return _json(leases.migration_json())
 
 
@@ -388,7 +400,7 @@ async def _width(request: web.Request) -> web.Response:
         raise BadRequestError("this orchestrator chooses no speculative widths (start it with --width and "
                               "--speedup-profile)")
     if request.method == "POST":
-        body = await bodies.read(request, bodies.WidthBody)
+        body = await read_body(request, WidthBody)
         orch.widths.set_policy(body.policy, body.arrival_rate)
     return _json(orch.widths.to_json())
 
@@ -404,7 +416,7 @@ def _moving(orch: Orchestrator) -> MigratingLeaseManager:
 async def _release(request: web.Request) -> web.Response:
     """POST /lease/{id}/release: give the slot back."""
     orch = request.app[ORCH_KEY]
-    await bodies.read(request, bodies.ReleaseBody, required=False)
+    await read_body(request, ReleaseBody, required=False)
     lease = orch.leases.release(request.match_info["lease_id"])
     held = orch.clock() - lease.granted_s
     if orch.widths is not None:
@@ -415,7 +427,7 @@ async def _release(request: web.Request) -> web.Response:
 async def _report_failure(request: web.Request) -> web.Response:
     """POST /lease/{id}/report-failure: a server broke; answers with a replacement lease."""
     orch = request.app[ORCH_KEY]
-    body = await bodies.read(request, bodies.ReportFailureBody)
+    body = await read_body(request, ReportFailureBody)
     lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
                                       ttl_s=body.ttl_s, reporter=request.remote)
     if orch.widths is not None:
@@ -434,7 +446,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     guard = Guard(credentials)
     app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(guard),
                                        _durable_middleware(orch)],
-                          client_max_size=bodies.MAX_BODY_BYTES)
+                          client_max_size=MAX_BODY_BYTES)
     app[ORCH_KEY] = orch
     app[GUARD_KEY] = guard
     app.router.add_get("/health", _health)

@@ -20,10 +20,7 @@ from enum import Enum
 
 from aiohttp import web
 
-SECRET_HEADER = "X-Petals-Chain-Server-Secret"  # a re-registering server proves it is the same one
-SHARED_ENV = "PETALS_CHAIN_ORCH_TOKEN"  # one token for every role (the shorthand)
-ROLE_ENV = {"client": "PETALS_CHAIN_CLIENT_TOKEN", "server": "PETALS_CHAIN_SERVER_TOKEN",
-            "operator": "PETALS_CHAIN_OPERATOR_TOKEN"}
+from petals_chain.protocol.auth import ROLE_ENV, SECRET_HEADER, SHARED_ENV
 
 
 class Role(str, Enum):
@@ -76,12 +73,6 @@ class Credentials:
     def roles_of(self, token: str) -> set[Role]:
         """The roles a bearer token grants (a shared token grants several)."""
         return {r for r in Role if _same(getattr(self, r.value), token)}
-
-
-def role_token(role: str, given: str | None = None, env: Mapping[str, str] | None = None) -> str | None:
-    """The token a client or server process sends: ``given``, else its role's variable, else the shared one."""
-    env = os.environ if env is None else env
-    return given or env.get(ROLE_ENV[role]) or env.get(SHARED_ENV) or None
 
 
 def _same(expected: str | None, given: str) -> bool:

@@ -1,4 +1,5 @@
-"""The chains of a composition as the orchestrator hands them out: named PETALS spans, capacity c_k, time T_k.
+"""The chains of a composition as the orchestrator offers them: hops (:class:`~petals_chain.protocol.hop.Hop`),
+capacity c_k, time T_k.
 
 Kept apart from the registry because the lease managers and the metrics use them without the registry.
 """
@@ -8,22 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from petals_chain.model import Composition
-
-
-@dataclass(frozen=True)
-class SpanInfo:
-    """One hop of a chain as PETALS sees it: server name and blocks start:end (0-indexed, end exclusive)."""
-
-    server: str
-    start: int
-    end: int
+from petals_chain.protocol.hop import Hop
 
 
 @dataclass(frozen=True)
 class ChainInfo:
     """A chain of the current composition: its hops, capacity c_k and service time T_k."""
 
-    spans: tuple[SpanInfo, ...]
+    spans: tuple[Hop, ...]  # server and blocks; peer ids and addresses are filled in when a lease is written
     capacity: int
     service_time_s: float
     chain_id: str = ""
@@ -39,9 +32,9 @@ class ChainInfo:
 
 
 def chain_infos(composition: Composition, version: int) -> list[ChainInfo]:
-    """The composition's chains in its own order (= JFFC chain indices) as named PETALS spans."""
+    """The composition's chains in its own order (= JFFC chain indices) as hops."""
     out = []
     for k, ch in enumerate(composition.chains):
-        spans = tuple(SpanInfo(composition.servers[j].name, a, b) for j, a, b in ch.petals_spans())
+        spans = tuple(Hop(composition.servers[j].name, a, b) for j, a, b in ch.petals_spans())
         out.append(ChainInfo(spans, ch.capacity, ch.service_time_s, f"v{version}.{k}"))
     return out

@@ -20,24 +20,13 @@ import json
 import logging
 import math
 import sys
-from pathlib import Path
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from petals_chain import defaults
 from petals_chain.checkpoint.quant import QUANT_TYPES
 from petals_chain.checkpoint.sizing import DTYPE_CHOICES
-from petals_chain.compose.methods import Method, Routing, live_method, method_names
-from petals_chain.model import ModelSpec, SpecError
-from petals_chain.orchestrator.auth import ROLE_ENV, SHARED_ENV, Credentials
-from petals_chain.orchestrator.bodies import MAX_TTL_S
-from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
-from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
-from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
-from petals_chain.orchestrator.registry import Registry
-from petals_chain.orchestrator.width import POLICIES, WIDTH_METHODS
-from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.cli_args import (
     OneLineParser,
     count_arg,
@@ -48,6 +37,18 @@ from petals_chain.cli_args import (
     positive_int_arg,
     size_range,
 )
+from petals_chain.compose.methods import Method, Routing, live_method, method_names
+from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.auth import Credentials
+from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
+from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
+from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
+from petals_chain.orchestrator.width import POLICIES, WIDTH_METHODS
+from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+from petals_chain.protocol.auth import ROLE_ENV, SHARED_ENV
+from petals_chain.protocol.limits import MAX_TTL_S
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
@@ -310,7 +311,8 @@ async def _run(args: argparse.Namespace) -> None:
     state = open_state(args, orch) if args.state_dir else None
     dht = None
     if args.initial_peers or args.start_dht:
-        from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
+        from petals_chain.orchestrator.dht import start_dht
+        from petals_chain.protocol.dht_prefix import dht_prefix_for
 
         prefix = dht_prefix_for(args.dht_prefix or registry.model.name.split("/")[-1])  # a repository: its last part
         if state is not None:

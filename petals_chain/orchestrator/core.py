@@ -18,13 +18,17 @@ from prometheus_client import CollectorRegistry
 
 from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
-from petals_chain.orchestrator.bodies import BadRequestError, HeartbeatBody, RegisterBody
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
-from petals_chain.orchestrator.drain import DRAIN_TIMEOUT_S, drain_server
+from petals_chain.orchestrator.drain import drain_server
 from petals_chain.orchestrator.leases import Lease, LeaseManager
-from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.metrics import new_metrics_registry
+from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry, ServerRecord
+from petals_chain.protocol.hop import Hop
+from petals_chain.protocol.limits import DRAIN_TIMEOUT_S
+from petals_chain.protocol.parsing import BadRequestError
+from petals_chain.protocol.replies import LeaseInfo
+from petals_chain.protocol.requests import HeartbeatBody, RegisterBody
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.trust import Trust
@@ -234,22 +238,16 @@ class Orchestrator:
                                          replaces=lease_id, resume_job=lease.job)  # keeps its place in line
 
     def lease_json(self, lease: Lease) -> dict[str, Any]:
-        """A lease as the API returns it: ids, version, timing and spans with peer ids."""
-        out = self.leases.describe(lease)
-        out["spans"] = [
-            {
-                "server": s.server,
-                "peer_id": self.registry.peer_id(s.server),
-                "address": (self.registry.servers[s.server].address if s.server in self.registry.servers else None),
-                "start": s.start,
-                "end": s.end,
-            }
-            for s in lease.chain.spans
-        ]
+        """A lease as the API returns it (:class:`~petals_chain.protocol.replies.LeaseInfo`): ids, version, timing and
+        hops with peer ids and addresses."""
+        servers = self.registry.servers
+        hops = []
+        for s in lease.chain.spans:
+            rec = servers.get(s.server)
+            hops.append(Hop(s.server, s.start, s.end) if rec is None
+                        else Hop(s.server, s.start, s.end, rec.peer_id, rec.address))
         width = self.widths.width(lease.lease_id) if self.widths is not None else None
-        if width is not None:
-            out["width"] = width
-        return out
+        return LeaseInfo(spans=tuple(hops), width=width, **self.leases.describe(lease)).to_json()
 
     # ---- housekeeping ---------------------------------------------------------------------------
 

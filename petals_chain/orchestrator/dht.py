@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from petals_chain.model import SpecError
+from petals_chain.protocol.dht_prefix import check_maddrs
 
 LOOPBACK_MADDR = "/ip4/127.0.0.1/tcp/0"
 
@@ -30,20 +30,6 @@ class DHTHandle:
     def shutdown(self) -> None:
         """Stop the node and its p2pd."""
         self.dht.shutdown()
-
-
-def check_maddrs(values: Sequence[str], field: str) -> list[str]:
-    """Multiaddrs, each parsed by the multiaddr library; SpecError naming the bad one."""
-    from hivemind.utils.multiaddr import Multiaddr
-
-    out = []
-    for v in values:
-        try:
-            Multiaddr(v)
-        except Exception as exc:  # the library raises several unrelated types
-            raise SpecError(f"{field}: {v!r} is not a multiaddr (example: /ip4/127.0.0.1/tcp/31337): {exc}") from None
-        out.append(v)
-    return out
 
 
 def start_dht(
@@ -71,9 +57,3 @@ def start_dht(
     maddrs = [str(m) for m in dht.get_visible_maddrs()]
     return DHTHandle(dht, maddrs)
 
-
-def dht_prefix_for(name: str) -> str:
-    """A PETALS DHT prefix from a model name: '.' and ' ' (PETALS' delimiters) become '-'."""
-    if not isinstance(name, str) or not name.strip():
-        raise SpecError(f"DHT prefix must be a non-empty string, got {name!r}")
-    return name.strip().replace(".", "-").replace(" ", "-")

@@ -13,18 +13,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from petals_chain.orchestrator.bodies import BadRequestError, Body, NonNegativeSeconds, PositiveSeconds
 from petals_chain.orchestrator.registry import check_name
+from petals_chain.protocol.messages import DRAINED_REASON
+from petals_chain.protocol.parsing import BadRequestError
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
 
 log = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 120.0  # a drain lets the server leave after this long even if sessions are still on it
 DRAIN_POLL_S = 0.05
-# the reason a drained server is marked as left with (its heartbeat then stops it); "left: " as a server that leaves
-DRAINED_REASON = "left: drained"
 
 
 async def drain_server(orch: Orchestrator, name: str, *, wait_s: float, timeout_s: float) -> dict[str, Any]:
@@ -71,10 +69,3 @@ async def _finish(orch: Orchestrator, name: str, timeout_s: float) -> None:
         log.warning("drain of %s timed out after %g s with %d sessions still on it", name, timeout_s, stuck)
     reason = DRAINED_REASON if not stuck else f"{DRAINED_REASON} (timed out, {stuck} sessions left)"
     await orch.server_failed(name, reason)
-
-
-class DrainBody(Body):
-    """POST /servers/{name}/drain: how long to wait for the drain to end (0: answer at once), and its bound."""
-
-    wait_s: NonNegativeSeconds = 0.0
-    timeout_s: PositiveSeconds = DRAIN_TIMEOUT_S

@@ -39,8 +39,9 @@ from prometheus_client.utils import floatToGoString
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.model import Composition
 from petals_chain.orchestrator.leases import TimeHistogram
-from petals_chain.orchestrator.migration import MOVE_MODES, REASONS, UNKNOWN_MODE, MigratingLeaseManager
+from petals_chain.orchestrator.migration import REASONS, UNKNOWN_MODE, MigratingLeaseManager
 from petals_chain.orchestrator.registry import ServerRecord
+from petals_chain.protocol.requests import MOVE_MODES
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator

@@ -19,41 +19,19 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from petals_chain.dispatch.rules import migration_source, speed_order
-from petals_chain.mell.hybrid import Mode
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.bodies import Body, NonNegativeSeconds
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter
 from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)
-MOVE_MODES = (Mode.KV.value, Mode.TOKEN.value)  # how the holder moved, as it reports it
 UNKNOWN_MODE = "unknown"  # a holder that did not say
-
-
-class PolicyBody(Body):
-    """POST /migrations: the migration policy to use from now on."""
-
-    policy: Literal["none", "jffc", "mell", "worst-fit"]
-
-
-class MigratedBody(Body):
-    """POST /lease/{id}/migrated: how the holder moved and how long the move held its session (both optional)."""
-
-    mode: Literal[MOVE_MODES] | None = None
-    seconds: NonNegativeSeconds | None = None
-
-
-class MigrationFailedBody(Body):
-    """POST /lease/{id}/migration-failed: the mode of the move that failed (optional)."""
-
-    mode: Literal[MOVE_MODES] | None = None
 
 
 class NoMoveError(UnknownLeaseError):

@@ -17,7 +17,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import Lease, _Waiter
 from petals_chain.orchestrator.registry import Assignment, ServerRecord
@@ -29,6 +29,7 @@ from petals_chain.orchestrator.store import (
     StoredWaiter,
     StoreError,
 )
+from petals_chain.protocol.hop import Hop
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def chain_json(chain: ChainInfo) -> dict:
 
 def chain_from_json(d: dict) -> ChainInfo:
     """The ChainInfo of a stored lease (matched to the offered chains by its hops, as after any recomposition)."""
-    spans = tuple(SpanInfo(str(s), int(a), int(b)) for s, a, b in d["spans"])
+    spans = tuple(Hop(str(s), int(a), int(b)) for s, a, b in d["spans"])
     return ChainInfo(spans, int(d["capacity"]), float(d["service_time_s"]), str(d["chain_id"]))
 
 

@@ -20,11 +20,13 @@ from aiohttp import web
 from pydantic import Field, StrictFloat, StrictStr
 
 from petals_chain import defaults
-from petals_chain.orchestrator import bodies
 from petals_chain.orchestrator.api import _error_middleware, build_app
-from petals_chain.orchestrator.bodies import DEFAULT_WAIT_S, BadRequestError, Body, Label, ServerName, TtlSeconds, \
-    WaitSeconds
 from petals_chain.orchestrator.regions import RegionalOrchestrator
+from petals_chain.orchestrator.request_body import read_body
+from petals_chain.protocol.fields import Body, Label, ServerName, TtlSeconds, WaitSeconds
+from petals_chain.protocol.limits import DEFAULT_WAIT_S, MAX_BODY_BYTES
+from petals_chain.protocol.parsing import BadRequestError
+from petals_chain.protocol.requests import LeaseBody, ReleaseBody, RenewBody, ReportFailureBody
 from petals_chain.torta.regional import RegionError
 
 REGIONAL_KEY = web.AppKey("regional", RegionalOrchestrator)
@@ -106,7 +108,7 @@ async def _regions(request: web.Request) -> web.Response:
 
 async def _place(request: web.Request) -> web.Response:
     """POST /servers/place: the region a server joins (named, or clustered from its RTTs) and its URL prefix."""
-    body = await bodies.read(request, PlaceBody)
+    body = await read_body(request, PlaceBody)
     p = _reg(request).place(body.name, region=body.region, rtt_s=body.rtt_s)
     return web.json_response({"name": body.name, "region": p.region, "by": p.by, "path": f"/regions/{p.region}",
                               "rtt_s": p.rtt_s})
@@ -120,7 +122,7 @@ async def _macro(request: web.Request) -> web.Response:
 async def _set_policy(request: web.Request) -> web.Response:
     """POST /macro/policy: switch the live policy."""
     reg = _reg(request)
-    body = await bodies.read(request, PolicyBody)
+    body = await read_body(request, PolicyBody)
     reg.policy = reg.check_policy(body.policy)
     return web.json_response({"policy": reg.policy})
 
@@ -148,10 +150,10 @@ async def _lease(request: web.Request) -> web.Response:
     reg = _reg(request)
     path_origin = request.match_info.get("origin")
     if path_origin is not None:
-        body = await bodies.read(request, bodies.LeaseBody, required=False)
+        body = await read_body(request, LeaseBody, required=False)
         origin = reg.origin_of(path_origin, None)
     else:
-        body = await bodies.read(request, RegionalLeaseBody, required=False)
+        body = await read_body(request, RegionalLeaseBody, required=False)
         origin = reg.origin_of(body.origin, body.rtt_s)
     region, lease = await reg.acquire(origin, timeout_s=body.timeout_s, ttl_s=body.ttl_s, client=body.client)
     return web.json_response(reg.lease_json(region, origin, lease))
@@ -160,7 +162,7 @@ async def _lease(request: web.Request) -> web.Response:
 async def _renew(request: web.Request) -> web.Response:
     """POST /lease/{id}/renew: extend the TTL in the lease's region."""
     reg = _reg(request)
-    body = await bodies.read(request, bodies.RenewBody, required=False)
+    body = await read_body(request, RenewBody, required=False)
     region, origin = reg.region_of(request.match_info["lease_id"])
     lease = reg.regions[region].leases.renew(request.match_info["lease_id"], body.ttl_s)
     return web.json_response(reg.lease_json(region, origin, lease))
@@ -169,7 +171,7 @@ async def _renew(request: web.Request) -> web.Response:
 async def _release(request: web.Request) -> web.Response:
     """POST /lease/{id}/release: give the slot back to its region."""
     reg = _reg(request)
-    await bodies.read(request, bodies.ReleaseBody, required=False)
+    await read_body(request, ReleaseBody, required=False)
     region, _ = reg.region_of(request.match_info["lease_id"])
     lease = reg.release(request.match_info["lease_id"])
     held = reg.regions[region].clock() - lease.granted_s
@@ -179,7 +181,7 @@ async def _release(request: web.Request) -> web.Response:
 async def _report_failure(request: web.Request) -> web.Response:
     """POST /lease/{id}/report-failure: the lease's region replaces it."""
     reg = _reg(request)
-    body = await bodies.read(request, bodies.ReportFailureBody)
+    body = await read_body(request, ReportFailureBody)
     _, origin = reg.region_of(request.match_info["lease_id"])
     region, lease = await reg.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
                                              ttl_s=body.ttl_s)
@@ -195,7 +197,7 @@ def build_regional_app(reg: RegionalOrchestrator, *, token: str | None = None, r
     # one token for every role (the regional front has no per-role credentials yet): its routes are all allowed
     guard = Guard(Credentials.shared(token))
     app = web.Application(middlewares=[_error_middleware(reg), _auth_middleware(guard), _region_errors()],
-                          client_max_size=bodies.MAX_BODY_BYTES)
+                          client_max_size=MAX_BODY_BYTES)
     app[REGIONAL_KEY] = reg
     for prefix in ("", "/origins/{origin}"):
         app.router.add_get(prefix + "/health", _health)

@@ -18,8 +18,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.cli_args import OneLineParser, duration_range, fraction_arg, port_arg, positive_float_arg, \
-    positive_int_arg, size_range
+from petals_chain.cli_args import (
+    OneLineParser,
+    duration_range,
+    fraction_arg,
+    port_arg,
+    positive_float_arg,
+    positive_int_arg,
+    size_range,
+)
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.cli import TOKEN_ENV, build_registry, run_service
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError
@@ -98,9 +105,9 @@ def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily
     if args.ppo_checkpoint:
         from pathlib import Path
 
-        from petals_chain.torta.train import load_policy
-
         import torch
+
+        from petals_chain.torta.train import load_policy
 
         n = len(names)
         try:
@@ -128,7 +135,8 @@ async def _run(args: argparse.Namespace) -> None:
     reg = build(args)
     dht = None
     if args.start_dht:
-        from petals_chain.orchestrator.dht import dht_prefix_for, start_dht
+        from petals_chain.orchestrator.dht import start_dht
+        from petals_chain.protocol.dht_prefix import dht_prefix_for
 
         dht = start_dht([], args.dht_host_maddrs)
         reg.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": dht_prefix_for(args.model_name)}

@@ -17,11 +17,10 @@ from typing import Any
 
 from petals_chain import defaults
 from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError, span_json, span_text
+from petals_chain.protocol.limits import MAX_TIME_S
 
 # A single machine with more than this much accelerator memory is a typo (1 PB default).
 MAX_MEMORY_BYTES = defaults.MAX_MEMORY_BYTES
-# A per-block time or communication time above an hour is not a measurement, it is a bug.
-MAX_TIME_S = 3600.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 ComposeFn = Callable[..., Composition]

@@ -14,10 +14,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from petals_chain.orchestrator.bodies import BadRequestError, RegisterBody
 from petals_chain.orchestrator.registry import ClaimError, ServerRecord
 from petals_chain.orchestrator.suspects import FalseReportLimiter
 from petals_chain.orchestrator.verify import PeerVerifier
+from petals_chain.protocol.parsing import BadRequestError
+from petals_chain.protocol.requests import RegisterBody
 
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator

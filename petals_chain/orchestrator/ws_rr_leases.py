@@ -27,6 +27,7 @@ from petals_chain import defaults
 from petals_chain.compose.routes import RouteGraph
 from petals_chain.dispatch.ws_rr import WsRr
 from petals_chain.model import Composition, InfeasibleError
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import (
     Lease,
     LeaseManager,
@@ -35,7 +36,7 @@ from petals_chain.orchestrator.leases import (
     QueueFullError,
     _Waiter,
 )
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+from petals_chain.protocol.hop import Hop
 
 
 @dataclass
@@ -113,7 +114,7 @@ class WsRrLeaseManager(LeaseManager):
         spans = []
         for q, m in hops:
             end = int(self._graph.end[q]) - 1
-            spans.append(SpanInfo(self._names[q], end - m, end))
+            spans.append(Hop(self._names[q], end - m, end))
         return ChainInfo(tuple(spans), 1, route_s, f"v{self._version}.r{job}")
 
     def _grant(self, starts: list[int], now: float) -> None:
@@ -232,6 +233,6 @@ class WsRrLeaseManager(LeaseManager):
             return LeaseSnapshot(self._version, 0, len(self._leases), 0, [], [], [])
         caps = [int(x) for x in self._graph.local_slots]
         used = self._ws.occupancy()
-        chains = [ChainInfo((SpanInfo(n, int(a) - 1, int(e) - 1),), c, 1.0, f"server.{n}")
+        chains = [ChainInfo((Hop(n, int(a) - 1, int(e) - 1),), c, 1.0, f"server.{n}")
                   for n, a, e, c in zip(self._names, self._graph.first, self._graph.end, caps)]
         return LeaseSnapshot(self._version, self._ws.queue_length(), len(self._leases), 0, used, caps, chains)

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from petals_chain import defaults
-from petals_chain.model import SpecError
 from petals_chain.cli_args import EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, positive_int_arg
+from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
 
@@ -119,10 +119,10 @@ def build_server(args: argparse.Namespace) -> Any:
     check_quant_device(args.quant_type, args.device)
     listen_maddrs(args)
     model_dir = resolve_model(args.model_dir)
-    from petals_chain.service_time import Workload
-    from petals_chain.orchestrator.blocking import BlockingOrchestrator
-    from petals_chain.orchestrator.dht import check_maddrs, dht_prefix_for
+    from petals_chain.protocol.blocking import BlockingOrchestrator
+    from petals_chain.protocol.dht_prefix import check_maddrs, dht_prefix_for
     from petals_chain.server.petals_server import OrchestratedServer, check_against_orchestrator, profile_server
+    from petals_chain.service_time import Workload
 
     for name in ("tau_p_s", "heartbeat_period_s", "update_period_s", "request_timeout_s"):
         _positive(name.replace("_", "-"), getattr(args, name))
@@ -142,7 +142,7 @@ def build_server(args: argparse.Namespace) -> Any:
         )
     span = _parse_span(args.block_indices, sizes.num_blocks) if args.block_indices else None
     name = args.name or f"{os.uname().nodename.split('.')[0]}-{os.getpid()}"
-    from petals_chain.orchestrator.auth import role_token
+    from petals_chain.protocol.auth import role_token
 
     token = role_token("server", args.token)
 
@@ -207,8 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    from petals_chain.orchestrator.blocking import OrchestratorUnreachableError
-    from petals_chain.orchestrator.client import OrchestratorError
+    from petals_chain.protocol.http_client import OrchestratorError, OrchestratorUnreachableError
     from petals_chain.server.petals_server import ClaimRefusedError, RegistrationError
 
     server = None

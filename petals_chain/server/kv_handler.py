@@ -32,12 +32,12 @@ from hivemind.p2p.p2p_daemon import DEFAULT_MAX_MSG_SIZE
 from hivemind.proto import runtime_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.streaming import split_for_streaming
-from petals.data_structures import UID_DELIMITER
 from petals.server.handler import TransformerConnectionHandler
+
+from petals_chain.protocol.kv_keys import KV_IMPORT_KEY, block_index
 
 log = logging.getLogger(__name__)
 
-KV_IMPORT_KEY = "kv_import"  # metadata of a session's first request: where to take its cache from
 _HANDLER_NAME = "TransformerConnectionHandler"  # petals' handle names: our rpcs sit next to petals' own
 
 
@@ -65,11 +65,6 @@ class _LiveSession:
     position: int = 0
     busy: bool = False  # a step was handed to petals and has not finished
     exported: set = field(default_factory=set)
-
-
-def block_index(uid: str) -> int:
-    """The block number at the end of a petals module uid ('prefix.17' -> 17)."""
-    return int(uid.rsplit(UID_DELIMITER, 1)[1])
 
 
 class KvAwareInferenceStep:

@@ -112,7 +112,7 @@ def petals_server_kwargs(args: argparse.Namespace, sizes: BlockSizes, *, model_p
     """The keyword arguments petals' ``Server`` gets: the pass-through options, the checkpoint's sizes, our timers."""
     from petals.utils.convert_block import QuantType
 
-    from petals_chain.orchestrator.dht import check_maddrs
+    from petals_chain.protocol.dht_prefix import check_maddrs
 
     check_quant_device(sizes.quant_type, args.device)
     host, announce = listen_maddrs(args)

@@ -21,13 +21,14 @@ from typing import Any
 from petals.server.server import Server
 
 from petals_chain import defaults
-from petals_chain.model import SpecError, span_text
-from petals_chain.service_time import Workload, tau_c
-from petals_chain.orchestrator.blocking import BlockingOrchestrator
-from petals_chain.orchestrator.drain import DRAINED_REASON
-from petals_chain.orchestrator.client import AssignmentInfo, OrchestratorError
 from petals_chain.checkpoint.sizing import BlockSizes
+from petals_chain.model import SpecError, span_text
+from petals_chain.protocol.blocking import BlockingOrchestrator
+from petals_chain.protocol.http_client import OrchestratorError
+from petals_chain.protocol.messages import DRAINED_REASON
+from petals_chain.protocol.replies import AssignmentInfo
 from petals_chain.server.kv_handler import install_kv_transfer
+from petals_chain.service_time import Workload, tau_c
 
 log = logging.getLogger(__name__)
 

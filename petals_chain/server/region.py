@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 from petals_chain import defaults
-from petals_chain.orchestrator.blocking import BlockingOrchestrator
+from petals_chain.protocol.blocking import BlockingOrchestrator
 
 AUTO = "auto"  # --region auto: placed by measured RTTs
 RTT_SAMPLES = 5

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members, http_json
+from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
+from petals_chain.protocol.blocking import request_json
 from tests.live.test_swarm import smollm2_dir  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.live
@@ -78,9 +79,9 @@ def test_dashboard_in_chromium_shows_the_swarm(smollm2_dir: Path, chromium: str,
     with LocalSwarm(smollm2_dir, PLANS, log_dir=tmp_path / "logs", model_name="SmolLM2-135M-Instruct", max_length=128,
                     arrival_rate=0.5) as sw:
         sw.start(timeout_s=360)
-        done = http_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
-        held = http_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
-        http_json(sw.url + f"/lease/{done['lease_id']}/release", data={})
+        done = request_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
+        held = request_json(sw.url + "/lease", data={"timeout_s": 30, "client": "dashboard-test"})
+        request_json(sw.url + f"/lease/{done['lease_id']}/release", data={})
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
             try:
@@ -125,7 +126,7 @@ def test_dashboard_in_chromium_shows_the_swarm(smollm2_dir: Path, chromium: str,
 
                 # It updates itself: the release shows up without a reload.
                 updates = int(page.evaluate("document.body.dataset.updates"))
-                http_json(sw.url + f"/lease/{held['lease_id']}/release", data={})
+                request_json(sw.url + f"/lease/{held['lease_id']}/release", data={})
                 page.wait_for_function(
                     "() => [...document.querySelectorAll('tr.chain-row')].every(r => r.dataset.busy === '0') && "
                     "document.querySelectorAll('tr.recent-row').length === 2", timeout=30_000)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from petals_chain.loopback.swarm import LocalSwarm
 from tests.live import test_swarm
 from tests.live.test_swarm import _wait_for
-
-from petals_chain.loopback.swarm import LocalSwarm
 
 pytestmark = pytest.mark.live
 
@@ -56,7 +55,7 @@ def plain_client(kv_swarm: LocalSwarm, tiny_dir: Path):
 def _hops(sw: LocalSwarm) -> dict[str, object]:
     """Hop per role, from the orchestrator's record of what each server serves: "whole" (0:4), "first" (0:2) and
     "second" (2:4), whichever of s2 and s3 got which half."""
-    from petals_chain.client.kv_migrate import Hop
+    from petals_chain.protocol.hop import Hop
 
     def served() -> list | None:
         """The three hops once every server serves its assignment of the expected composition, else None."""
@@ -64,7 +63,7 @@ def _hops(sw: LocalSwarm) -> dict[str, object]:
         for r in sw.get("/servers")["servers"]:
             a = r["assignment"]
             if r["alive"] and a and a["num_blocks"] > 0 and r["serving"] == {"start": a["start"], "end": a["end"]}:
-                found.append(Hop(r["peer_id"], a["start"], a["end"], r["name"]))
+                found.append(Hop(r["name"], a["start"], a["end"], r["peer_id"]))
         found.sort(key=lambda h: (h.start, -h.end))
         return found if [(h.start, h.end) for h in found] == [(0, 4), (0, 2), (2, 4)] else None
 
@@ -122,11 +121,12 @@ def test_migration_failing_midway_leaves_the_session_on_its_old_chain(kv_swarm: 
     """A new chain whose second hop names a server that does not hold those blocks: the first hop's import
     succeeds, then the second fails; MigrationError, the first hop's new cache is freed, and the session goes on
     on its old chain with the exact tokens."""
-    from petals_chain.client.kv_migrate import Hop, MigrationError, cache_tokens_left, hops_of, migrate, open_route
+    from petals_chain.client.kv_migrate import MigrationError, cache_tokens_left, hops_of, migrate, open_route
+    from petals_chain.protocol.hop import Hop
 
     hops = _hops(kv_swarm)
     s2 = hops["first"]
-    bad = [s2, Hop(s2.peer_id, hops["second"].start, hops["second"].end, "wrong")]  # it serves 0:2 only
+    bad = [s2, Hop("wrong", hops["second"].start, hops["second"].end, s2.peer_id)]  # it serves 0:2 only
     full_s2 = cache_tokens_left(plain_client.transformer.h.sequence_manager, s2.peer_id)
     with plain_client.inference_session(max_length=64) as sess:
         open_route(sess, [hops["whole"]])

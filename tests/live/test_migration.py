@@ -28,15 +28,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 import torch
 
+from petals_chain.loopback.swarm import LocalSwarm
+from petals_chain.protocol.blocking import request_json  # noqa: E402
+from petals_chain.protocol.messages import DRAINED_REASON  # noqa: E402
 from tests.live import test_swarm  # noqa: E402
 from tests.live.test_failover import _ChainWatch  # noqa: E402
 from tests.live.test_swarm import _chains, _wait_for  # noqa: E402
-
-from petals_chain.loopback.swarm import LocalSwarm, http_json  # noqa: E402
-from petals_chain.orchestrator.drain import DRAINED_REASON  # noqa: E402
 
 tiny_dir = test_swarm.tiny_dir
 reference = test_swarm.reference
@@ -171,7 +170,7 @@ def test_jffc_moves_the_slow_chains_session_to_a_freed_fast_slot(mswarm: LocalSw
     slot for it and it moves there by token replay at a step boundary: greedy output unchanged, one completed move
     recorded by client and orchestrator, no chain ever over capacity, every slot free at the end."""
     fast, slow = _fast_and_slow(mswarm)
-    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    holder = request_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     before = mswarm.get("/migrations")
     watch = _ChainWatch(mswarm)
@@ -179,7 +178,7 @@ def test_jffc_moves_the_slow_chains_session_to_a_freed_fast_slot(mswarm: LocalSw
     try:
         gen.wait_generating()
         assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
-        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         gen.join()
     finally:
         watch.stop()
@@ -201,7 +200,7 @@ def _generate_while_the_fast_chain_freezes(mswarm: LocalSwarm, client, fast: dic
     """A session generates on the slow chain while a bare lease holds the fast one; once it generates, the fast
     chain's server is frozen (SIGSTOP) and the lease released, so the session is offered a move onto a frozen
     server; returns the finished generation once the failed move was reported (the server thawed)."""
-    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    holder = request_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in mswarm.procs if p.name == _servers(fast)[0])
     before = mswarm.get("/migrations")
@@ -209,7 +208,7 @@ def _generate_while_the_fast_chain_freezes(mswarm: LocalSwarm, client, fast: dic
     try:
         gen.wait_generating()
         os.killpg(victim.pgid, signal.SIGSTOP)
-        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         _wait_for(lambda: mswarm.get("/migrations")["failed"] > before["failed"] or gen.tokens is not None, 120,
                   "the failed move to be reported")
     finally:
@@ -248,7 +247,7 @@ def test_a_jffc_move_by_kv_transfer_frees_the_old_cache_and_is_counted(mswarm: L
     full = {n: cache_tokens_left(manager, peers[n]) for n in _servers(slow)}
     committed = _metric(mswarm, "petals_chain_migrations_committed_total", reason="jffc", mode="kv")
     timed = _metric(mswarm, "petals_chain_migration_seconds_count", mode="kv")
-    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    holder = request_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     hold = threading.Event()
     gen = _Generation(kvclient, hold)
@@ -256,7 +255,7 @@ def test_a_jffc_move_by_kv_transfer_frees_the_old_cache_and_is_counted(mswarm: L
         gen.wait_generating()
         assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
         assert any(cache_tokens_left(manager, peers[n]) < full[n] for n in _servers(slow))  # its cache is there
-        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         moves = gen.session.record.migrations
         _wait_for(lambda: gen.error is not None or (moves and moves[0].done_s is not None), 120, "the KV move")
         assert gen.error is None, gen.error
@@ -303,10 +302,10 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, kvclient, 
     the swarm recomposed without it; /metrics counts a committed (drain, kv) move."""
     mswarm.wait_ready([p.name for p in test_swarm.SERVERS], timeout_s=120)
     _wait_for(lambda: len(_chains(mswarm)) == 2, 60, "both chains offered again")
-    assert http_json(mswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
+    assert request_json(mswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
     fast, slow = _fast_and_slow(mswarm)
     version = mswarm.get("/health")["version"]
-    holder = http_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
+    holder = request_json(mswarm.url + "/lease", data={"timeout_s": 30.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in mswarm.procs if p.name == _servers(slow)[-1])
     committed = _metric(mswarm, "petals_chain_migrations_committed_total", reason="drain", mode="kv")
@@ -318,7 +317,7 @@ def test_sigterm_drains_a_server_before_it_leaves(mswarm: LocalSwarm, kvclient, 
         _wait_for(lambda: any(m["reason"] == "drain" for m in mswarm.get("/migrations")["pending"]), 60,
                   "the drain to ask a slot for the session")
         assert victim.popen.poll() is None  # it waits for its session to leave
-        http_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(mswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         gen.join()
         victim.popen.wait(120)  # it ends on its own once drained (its exit code is shutdown's, not the drain's)
     finally:

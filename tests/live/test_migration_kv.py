@@ -22,12 +22,12 @@ import time
 
 import pytest
 
+from petals_chain.experiments.common import REPO
+from petals_chain.loopback.swarm import LocalSwarm
+from petals_chain.protocol.blocking import request_json
+from petals_chain.protocol.messages import DRAINED_REASON
 from tests.live.test_migration import _fast_and_slow, _Generation, _idle, _metric, _servers
 from tests.live.test_swarm import _wait_for
-
-from petals_chain.experiments.common import REPO
-from petals_chain.loopback.swarm import LocalSwarm, http_json
-from petals_chain.orchestrator.drain import DRAINED_REASON
 
 pytestmark = pytest.mark.live
 
@@ -93,7 +93,7 @@ def test_a_kv_move_onto_a_frozen_server_rolls_back(kswarm: LocalSwarm, kclient, 
     prompt, reference = prompt_and_reference
     fast, slow = _fast_and_slow(kswarm)
     assert _servers(fast) == ("whole",) and len(_servers(slow)) == 2
-    holder = http_json(kswarm.url + "/lease", data={"timeout_s": 60.0, "client": "holder"})
+    holder = request_json(kswarm.url + "/lease", data={"timeout_s": 60.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     victim = next(p for p in kswarm.procs if p.name == "whole")
     rolled = _metric(kswarm, "petals_chain_migrations_rolled_back_total", reason="jffc", mode="kv")
@@ -101,7 +101,7 @@ def test_a_kv_move_onto_a_frozen_server_rolls_back(kswarm: LocalSwarm, kclient, 
     try:
         gen.wait_generating(2)
         os.killpg(victim.pgid, signal.SIGSTOP)
-        http_json(kswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(kswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         _wait_for(lambda: _metric(kswarm, "petals_chain_migrations_rolled_back_total", reason="jffc", mode="kv")
                   > rolled or gen.tokens is not None or gen.error is not None, WAIT_S, "the failed move")
     finally:
@@ -126,14 +126,14 @@ def test_a_drain_moves_the_session_by_kv_transfer(kswarm: LocalSwarm, kclient, p
 
     prompt, reference = prompt_and_reference
     kswarm.wait_ready(["whole", "first", "second"], timeout_s=WAIT_S)
-    assert http_json(kswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
+    assert request_json(kswarm.url + "/migrations", data={"policy": "none"})["policy"] == "none"
     fast, slow = _fast_and_slow(kswarm)
     peers = {r["name"]: r["peer_id"] for r in kswarm.get("/servers")["servers"]}
     manager = kclient.transformer.h.sequence_manager
     full_first = cache_tokens_left(manager, peers["first"])
     committed = _metric(kswarm, "petals_chain_migrations_committed_total", reason="drain", mode="kv")
     timed = _metric(kswarm, "petals_chain_migration_seconds_count", mode="kv")
-    holder = http_json(kswarm.url + "/lease", data={"timeout_s": 60.0, "client": "holder"})
+    holder = request_json(kswarm.url + "/lease", data={"timeout_s": 60.0, "client": "holder"})
     assert holder["chain_id"] == fast["chain_id"]
     hold = threading.Event()
     gen = _gen(kclient, prompt, hold)
@@ -141,9 +141,9 @@ def test_a_drain_moves_the_session_by_kv_transfer(kswarm: LocalSwarm, kclient, p
         gen.wait_generating(2)
         assert _servers(slow) == tuple(h.server for h in gen.session.lease.spans)
         assert cache_tokens_left(manager, peers["first"]) < full_first  # the session's cache is held there
-        status = http_json(kswarm.url + "/servers/second/drain", data={})
+        status = request_json(kswarm.url + "/servers/second/drain", data={})
         assert status["draining"] and status["sessions"] == 1, status
-        http_json(kswarm.url + f"/lease/{holder['lease_id']}/release", data={})
+        request_json(kswarm.url + f"/lease/{holder['lease_id']}/release", data={})
         moves = gen.session.record.migrations
         _wait_for(lambda: gen.error is not None or (moves and moves[0].done_s is not None), WAIT_S, "the KV move")
         assert gen.error is None, gen.error

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from petals_chain.loopback.regions import RegionalSwarm
-from petals_chain.loopback.swarm import ServerPlan, http_json, write_tiny_llama
+from petals_chain.loopback.swarm import ServerPlan, write_tiny_llama
+from petals_chain.protocol.blocking import request_json
 
 pytestmark = pytest.mark.live
 
@@ -72,7 +73,7 @@ def test_origin_requests_follow_the_plan_and_answers_are_correct(swarm: Regional
 
     try:
         assert serve(PROMPTS[0]) == "r0"  # A = I until a slot has seen arrivals
-        plan = np.array(http_json(swarm.url + "/macro/slot", data={})["plan"])
+        plan = np.array(request_json(swarm.url + "/macro/slot", data={})["plan"])
         assert np.allclose(plan.sum(1), 1.0) and plan[0, 0] < 0.9  # one origin's mass onto every region's share
         n = 4
         served = [serve(PROMPTS[i % len(PROMPTS)]) for i in range(n)]

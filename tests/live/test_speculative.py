@@ -101,7 +101,7 @@ def test_generate_decodes_at_the_width_the_lease_says(swarm_model) -> None:
 
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
-    from petals_chain.loopback.swarm import http_json
+    from petals_chain.protocol.blocking import request_json
 
     sw, plain_model = swarm_model
     tok = AutoTokenizer.from_pretrained(str(SMOLLM2))
@@ -114,7 +114,8 @@ def test_generate_decodes_at_the_width_the_lease_says(swarm_model) -> None:
         units = sw.get("/width")["units"]
         assert units >= 2, units  # room for a width above 1
         for policy, expected in (("greedy-p", min(len(SPEEDUP), units)), ("fixed-1", 1)):
-            http_json(sw.url + "/width", data={"policy": policy, "arrival_rate": 1e-3}, token=sw.api_token or sw.token)
+            request_json(sw.url + "/width", data={"policy": policy, "arrival_rate": 1e-3},
+                         token=sw.api_token or sw.token)
             session = model.transformer.h.open_session(max_length=128)
             try:
                 assert session.lease.width == expected, (policy, session.lease)

@@ -9,9 +9,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from petals_chain.orchestrator.bodies import MAX_TTL_S, BadRequestError, LeaseBody, parse
-from petals_chain.orchestrator.client import OrchestratorClient
 from petals_chain.orchestrator.registry import Registry, RegistryError
+from petals_chain.protocol.http_client import OrchestratorClient
+from petals_chain.protocol.limits import MAX_TTL_S
+from petals_chain.protocol.parsing import BadRequestError, parse
+from petals_chain.protocol.requests import LeaseBody
 from tests.orchestrator.test_orchestrator import GB, MODEL, make_orchestrator, run, serving
 
 HUGE = "1" + "0" * 400  # 10**400 written out as a JSON number

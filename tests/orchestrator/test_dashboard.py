@@ -12,11 +12,12 @@ import aiohttp
 import pytest
 
 from petals_chain.analysis.bounds import theorem37_bounds
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
-from petals_chain.orchestrator.client import OrchestratorClient
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.dashboard import bounds_json
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.recent import RecentLeases
+from petals_chain.protocol.hop import Hop
+from petals_chain.protocol.http_client import OrchestratorClient
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving, wait_until
 
 
@@ -113,7 +114,7 @@ def test_dashboard_bounds_are_theorem37_of_the_composed_and_offered_chains() -> 
 
 def test_bounds_json_unstable_is_null_with_the_reason() -> None:
     """λ at or above the chains' total service rate: no bound, null (strict JSON) and why."""
-    chain = ChainInfo((SpanInfo("a", 0, 4),), capacity=1, service_time_s=2.0)
+    chain = ChainInfo((Hop("a", 0, 4),), capacity=1, service_time_s=2.0)
     out = bounds_json([chain], 0.5)
     assert out["lower_s"] is None and out["upper_s"] is None and not out["stable"]
     assert "no steady state" in out["why"]
@@ -147,7 +148,7 @@ def test_expired_leases_enter_the_ring_and_the_ring_is_bounded() -> None:
         now = [0.0]
         mgr = LeaseManager(clock=lambda: now[0])
         mgr.recent = RecentLeases(maxlen=3)
-        mgr.set_chains([ChainInfo((SpanInfo("a", 0, 4),), capacity=2, service_time_s=1.0, chain_id="v1.0")], 1)
+        mgr.set_chains([ChainInfo((Hop("a", 0, 4),), capacity=2, service_time_s=1.0, chain_id="v1.0")], 1)
         first = await mgr.acquire(timeout_s=1, ttl_s=5, client="x")
         now[0] = 6.0
         assert mgr.expire_due() == [first]
@@ -175,7 +176,7 @@ def test_recent_leases_refuses_a_bad_size(maxlen: object) -> None:
 def test_recent_leases_refuses_an_unknown_outcome() -> None:
     """Only released, failed and expired are outcomes."""
     ring = RecentLeases()
-    chain = ChainInfo((SpanInfo("a", 0, 4),), capacity=1, service_time_s=1.0)
+    chain = ChainInfo((Hop("a", 0, 4),), capacity=1, service_time_s=1.0)
     from petals_chain.orchestrator.leases import Lease
 
     lease = Lease("L0", 0, chain, 0, 0, 1, time.monotonic(), 0.0, 1.0, 0.0)

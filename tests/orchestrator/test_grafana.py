@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from petals_chain.orchestrator.client import OrchestratorClient
+from petals_chain.protocol.http_client import OrchestratorClient
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "petals_chain.json"

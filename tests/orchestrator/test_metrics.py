@@ -10,7 +10,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from petals_chain.orchestrator.client import OrchestratorClient
+from petals_chain.protocol.http_client import OrchestratorClient
 from tests.orchestrator.test_orchestrator import (
     BASE_CHAINS,
     MODEL,

@@ -10,16 +10,17 @@ import functools
 import pytest
 
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
-from petals_chain.orchestrator.drain import DRAINED_REASON
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import UnknownLeaseError
 from petals_chain.orchestrator.migration import MigratingLeaseManager, NoMoveError
+from petals_chain.protocol.hop import Hop
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
+from petals_chain.protocol.messages import DRAINED_REASON
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving, wait_until
 
-FAST = ChainInfo((SpanInfo("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
-MID = ChainInfo((SpanInfo("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")
-SLOW = ChainInfo((SpanInfo("z", 0, 2), SpanInfo("w", 2, 4)), capacity=2, service_time_s=3.0, chain_id="zw")
+FAST = ChainInfo((Hop("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
+MID = ChainInfo((Hop("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")
+SLOW = ChainInfo((Hop("z", 0, 2), Hop("w", 2, 4)), capacity=2, service_time_s=3.0, chain_id="zw")
 
 
 def _manager(migration: str = "jffc") -> MigratingLeaseManager:

@@ -13,18 +13,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
-
-import aiohttp
 from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alias: pytest must not collect it)
 
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
 from petals_chain.orchestrator.api import build_app  # noqa: E402
 from petals_chain.orchestrator.core import Orchestrator  # noqa: E402
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError  # noqa: E402
 from petals_chain.orchestrator.registry import Registry  # noqa: E402
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GB = 1e9
@@ -398,11 +397,12 @@ def test_waiters_keep_fifo_order_across_a_recomposition_without_chains() -> None
 def test_a_replacement_lease_keeps_its_place_ahead_of_later_requests() -> None:
     """A lease whose chain broke asks again with its job: the next free slot is its, not the queue head's;
     a job that still holds a lease cannot resume, and the queue limit never refuses a resumed job."""
+    from petals_chain.orchestrator.chains import ChainInfo
     from petals_chain.orchestrator.leases import LeaseManager
-    from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+    from petals_chain.protocol.hop import Hop
 
-    fast = ChainInfo((SpanInfo("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
-    slow = ChainInfo((SpanInfo("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")
+    fast = ChainInfo((Hop("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")
+    slow = ChainInfo((Hop("y", 0, 4),), capacity=1, service_time_s=2.0, chain_id="y")
 
     async def body() -> None:
         lm = LeaseManager(max_waiting=2)

@@ -11,12 +11,13 @@ import pytest
 
 from petals_chain.dispatch.base import Start
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.packing import PackingPolicy
+from petals_chain.protocol.hop import Hop
 from tests.orchestrator.test_orchestrator import run
 
-CHAINS = [ChainInfo((SpanInfo(f"s{k}", 0, 4),), capacity=2, service_time_s=1.0, chain_id=f"c{k}") for k in range(3)]
+CHAINS = [ChainInfo((Hop(f"s{k}", 0, 4),), capacity=2, service_time_s=1.0, chain_id=f"c{k}") for k in range(3)]
 
 
 def _drive(policy: PackingPolicy, ops: list[tuple[str, int]]) -> list[int]:
@@ -111,7 +112,7 @@ def test_draining_a_packed_swarm_is_refused_and_changes_nothing() -> None:
     """POST /servers/a/drain while a packer places sessions: 400 naming the reason; a's chains are still offered."""
     import functools
 
-    from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+    from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
     from tests.orchestrator.test_orchestrator import make_orchestrator, serving
 
     async def body() -> None:

@@ -10,9 +10,9 @@ from collections.abc import Awaitable
 import aiohttp
 import pytest
 
-from petals_chain.orchestrator.bodies import MAX_BODY_BYTES
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.registry import Registry
+from petals_chain.protocol.limits import MAX_BODY_BYTES
 from tests.orchestrator.test_orchestrator import MODEL, make_orchestrator, serving
 
 GB = 1e9

@@ -14,13 +14,13 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest mus
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.api import build_app
-from petals_chain.orchestrator.bodies import RegisterBody
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorUnreachableError
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import LeaseTimeoutError
 from petals_chain.orchestrator.persist import attach_state
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.store import StateStore
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorUnreachableError
+from petals_chain.protocol.requests import RegisterBody
 
 GB = 1e9
 MODEL = ModelSpec(num_blocks=4, block_bytes=1 * GB, cache_bytes=0.25 * GB, name="tiny")
@@ -172,7 +172,7 @@ def test_chains_wait_for_heartbeats_and_leases_reclaim_their_slots_first(tmp_pat
         assert second.leases.chains == []
         newcomer = asyncio.create_task(second.leases.acquire(timeout_s=60))
         await asyncio.sleep(0.01)
-        from petals_chain.orchestrator.bodies import HeartbeatBody
+        from petals_chain.protocol.requests import HeartbeatBody
 
         for rec in list(second.registry.servers.values()):
             a = rec.assignment

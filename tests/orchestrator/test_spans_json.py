@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from tests.orchestrator.test_orchestrator import MODEL, make_orchestrator, run, serving
 
 

@@ -11,7 +11,7 @@ import pytest
 from petals_chain.checkpoint.sizing import block_sizes
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.cli import build_orchestrator, parse_args
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from tests.orchestrator.test_orchestrator import serving
 
 REPO = Path(__file__).resolve().parents[2]

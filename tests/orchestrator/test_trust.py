@@ -18,13 +18,14 @@ import pytest
 from aiohttp.test_utils import TestServer as LoopbackServer
 
 from petals_chain.orchestrator.api import build_app
-from petals_chain.orchestrator.auth import SECRET_HEADER, Credentials, Role
-from petals_chain.orchestrator.bodies import HeartbeatBody, RegisterBody
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
+from petals_chain.orchestrator.auth import Credentials, Role
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.registry import ClaimError, Registry
 from petals_chain.orchestrator.suspects import FalseReportLimiter, RateLimitedError
 from petals_chain.orchestrator.trust import Trust
+from petals_chain.protocol.auth import SECRET_HEADER
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
+from petals_chain.protocol.requests import HeartbeatBody, RegisterBody
 from tests.orchestrator.test_orchestrator import MODEL, run
 
 GB = 1e9

@@ -14,12 +14,13 @@ import pytest
 from petals_chain.model import SpecError
 from petals_chain.moldable.policies import scheme_probabilities
 from petals_chain.moldable.speedup import SpeedUp
-from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.cli import main as orchestrator_main
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.width import WIDTH_METHODS, speedup_profile, width_probabilities
 from petals_chain.orchestrator.width_leases import LeaseWidths
+from petals_chain.protocol.hop import Hop
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving
 
 S = SpeedUp((1.0, 1.8, 2.5, 3.0, 3.4))
@@ -39,7 +40,7 @@ def _widths(capacity: int, policy: str = "greedy-p", seed: int = 3) -> tuple[Lea
     """A lease manager over one chain of ``capacity`` slots and its width rule on a hand-moved clock."""
     clock = Clock()
     lm = LeaseManager(clock=clock)
-    lm.set_chains([ChainInfo((SpanInfo("x", 0, 4),), capacity=capacity, service_time_s=1.0, chain_id="x")], 1)
+    lm.set_chains([ChainInfo((Hop("x", 0, 4),), capacity=capacity, service_time_s=1.0, chain_id="x")], 1)
     widths = LeaseWidths(
         lm, S, policy, np.random.default_rng(seed), mean_size_s=1.0, mean_interarrival_s=1.0, headroom=0.7, clock=clock
     )

@@ -41,8 +41,9 @@ def test_an_idle_chain_beats_a_loaded_fast_one_unlike_jffc() -> None:
 
 def test_lease_manager_uses_the_greedy_rule() -> None:
     """The regions' greedy lease manager builds its policy from the chains it is given."""
-    from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
+    from petals_chain.orchestrator.chains import ChainInfo
+    from petals_chain.protocol.hop import Hop
 
     lm = GreedyScoreLeaseManager()
-    lm.set_chains([ChainInfo((SpanInfo("a", 0, 4),), 2, 1.0, "c0")], 1)
+    lm.set_chains([ChainInfo((Hop("a", 0, 4),), 2, 1.0, "c0")], 1)
     assert isinstance(lm._policy, GreedyScoreChains)

@@ -1,7 +1,7 @@
-"""An async client of the orchestrator's HTTP API, for the PETALS client and server subclasses.
+"""The one client of the orchestrator's HTTP API (async), for the PETALS client and server subclasses and tools.
 
 ``lease()`` long-polls until JFFC grants a chain; the PETALS client keeps it renewed and releases it
-(:mod:`petals_chain.client.lease`), so a slot is never left behind. While the orchestrator cannot be reached (it
+(the client's lease keeper), so a slot is never left behind. While the orchestrator cannot be reached (it
 restarts) every call is retried with exponential backoff for ``unreachable_wait_s``; a lease request carries a
 request id, the same on every retry, so the restarted orchestrator hands it the lease or the place in line it had.
 """
@@ -14,13 +14,14 @@ import os
 import secrets
 import ssl
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from petals_chain import defaults
-from petals_chain.orchestrator.auth import SECRET_HEADER
+from petals_chain.protocol.auth import SECRET_HEADER
+from petals_chain.protocol.messages import SHUTTING_DOWN
+from petals_chain.protocol.replies import AssignmentInfo, LeaseInfo
 
 CA_FILE_ENV = "PETALS_CHAIN_ORCH_CA"  # a CA bundle (PEM) that signed the orchestrator's TLS certificate
 
@@ -36,7 +37,6 @@ def tls_context(ca_file: str | None = None) -> ssl.SSLContext | None:
     return ssl.create_default_context(cafile=ca_file)
 
 log = logging.getLogger(__name__)
-SHUTTING_DOWN = "shutting down"  # in a 503's message: the orchestrator stops cleanly and will be back; retry
 
 
 class OrchestratorUnreachableError(ConnectionError):
@@ -50,56 +50,6 @@ class OrchestratorError(RuntimeError):
         super().__init__(f"orchestrator answered {status}: {message}")
         self.status = status
         self.message = message
-
-
-@dataclass(frozen=True)
-class Span:
-    """One hop: PETALS blocks start:end (0-indexed, end exclusive) on a server."""
-
-    server: str
-    peer_id: str | None
-    address: str | None
-    start: int
-    end: int
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """A granted lease: its id, chain, composition version, spans and timing."""
-
-    lease_id: str
-    chain_id: str
-    version: int
-    spans: tuple[Span, ...]
-    ttl_s: float
-    waited_s: float
-    replaces: str | None = None
-    migrate_to: LeaseInfo | None = None  # on a renew reply: the lease the orchestrator reserved for a move
-    width: int | None = None  # the speculative width the orchestrator chose (a request with k_max), else None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> LeaseInfo:
-        """Parse the API's lease object."""
-        spans = tuple(Span(s["server"], s.get("peer_id"), s.get("address"), s["start"], s["end"]) for s in d["spans"])
-        move = cls.from_json(d["migrate_to"]) if d.get("migrate_to") else None
-        return cls(d["lease_id"], d["chain_id"], d["version"], spans, d["ttl_s"], d["waited_s"], d.get("replaces"),
-                   move, d.get("width"))
-
-
-@dataclass(frozen=True)
-class AssignmentInfo:
-    """The blocks the orchestrator wants a server to hold, and the composition version."""
-
-    server: str
-    start: int
-    end: int
-    version: int
-
-    @classmethod
-    def from_reply(cls, d: dict[str, Any]) -> AssignmentInfo | None:
-        """Parse the 'assignment' part of a server reply (None before the first composition)."""
-        a = d.get("assignment")
-        return None if a is None else cls(a["server"], a["start"], a["end"], a["version"])
 
 
 class OrchestratorClient:
@@ -139,6 +89,11 @@ class OrchestratorClient:
         """Headers that speak for server ``name``: its secret when it has one, else this client's token."""
         secret = self.server_secrets.get(name)
         return {"Authorization": f"Bearer {secret}"} if secret else self._headers
+
+    async def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                   timeout_s: float | None = None) -> Any:
+        """Any route: ``method`` ``path`` with JSON ``body``, retried as every call (see :meth:`_call`)."""
+        return await self._call(method, path, body, timeout_s)
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
                     timeout_s: float | None = None, headers: dict[str, str] | None = None,

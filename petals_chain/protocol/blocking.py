@@ -1,8 +1,10 @@
-"""A blocking face of the async OrchestratorClient, for PETALS' synchronous server and client code.
+"""The blocking faces of the async OrchestratorClient, for synchronous code.
 
-One daemon thread runs an asyncio loop with one ``OrchestratorClient``; any thread
-calls ``run(coro_fn)`` and waits. Long-polls (a lease waiting in the queue) do not
-block other calls: they are coroutines on that loop.
+``BlockingOrchestrator`` is for PETALS' synchronous server and client code: one daemon thread runs an asyncio loop
+with one ``OrchestratorClient``; any thread calls ``run(coro_fn)`` and waits. Long-polls (a lease waiting in the
+queue) do not block other calls: they are coroutines on that loop. ``request_json`` is one call, for launchers,
+experiments and tests that GET or POST a route now and then: the same client code, tried once (no retry while
+the orchestrator cannot be reached: their own loops poll).
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from typing import Any, TypeVar
 import aiohttp
 
 from petals_chain import defaults
-from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorUnreachableError
+from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorUnreachableError
 
 T = TypeVar("T")
-__all__ = ["BlockingOrchestrator", "OrchestratorUnreachableError"]
 
 
 class BlockingOrchestrator:
@@ -95,3 +96,21 @@ class BlockingOrchestrator:
             pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5.0)
+
+
+def request_json(url: str, timeout_s: float = 10.0, data: dict[str, Any] | None = None,
+                 token: str | None = None) -> Any:
+    """GET ``url`` (or POST ``data`` to it) with an optional bearer token and return the JSON reply, from synchronous
+    code that runs no event loop. Tried once: OrchestratorUnreachableError (a ConnectionError) when it cannot be
+    reached, TimeoutError after ``timeout_s``, OrchestratorError on an error status, ValueError on a reply that is
+    not JSON."""
+
+    async def once() -> Any:
+        """One call through a client of its own."""
+        async with OrchestratorClient(url, token=token, request_timeout_s=timeout_s, unreachable_wait_s=0.0) as oc:
+            return await oc.call("GET" if data is None else "POST", "", data)
+
+    reply = asyncio.run(once())
+    if isinstance(reply, str):
+        raise ValueError(f"{url} answered with text, not JSON: {reply[:200]!r}")
+    return reply
