@@ -1,6 +1,6 @@
-"""The orchestrator: server registry, composition, leases (JFFC or WS-RR), its HTTP app, and the client of that API.
+"""The orchestrator: server registry, composition, leases (JFFC or WS-RR), and its HTTP app.
 
 Run it as ``python -m petals_chain.orchestrator``; servers and clients talk to it through
-:mod:`petals_chain.orchestrator.client` (async) or :mod:`petals_chain.orchestrator.blocking`. With ``--state-dir`` its
+:mod:`petals_chain.protocol.http_client` (async) or :mod:`petals_chain.protocol.blocking`. With ``--state-dir`` its
 state outlives the process (:mod:`petals_chain.orchestrator.store`, :mod:`petals_chain.orchestrator.persist`).
 """

@@ -1,7 +1,7 @@
 """The orchestrator's HTTP/JSON API over aiohttp: routes, JSON errors, the bearer token, the sweeper, serve().
 
 :func:`build_app` exposes an :class:`~petals_chain.orchestrator.core.Orchestrator`. Request bodies are the pydantic
-models of :mod:`petals_chain.orchestrator.bodies`; bad input is answered with a JSON error naming the field
+models of :mod:`petals_chain.protocol.requests`; bad input is answered with a JSON error naming the field
 (``{"error": ..., "status": 400, "fields": [...]}``) and never changes state, so a running swarm is unaffected by a
 misbehaving caller. /metrics is rendered by prometheus_client from the orchestrator's own registry
 (:mod:`petals_chain.orchestrator.metrics`), as OpenMetrics when the scraper asks for it.
