@@ -110,7 +110,11 @@ def request_json(url: str, timeout_s: float = 10.0, data: dict[str, Any] | None 
         async with OrchestratorClient(url, token=token, request_timeout_s=timeout_s, unreachable_wait_s=0.0) as oc:
             return await oc.call("GET" if data is None else "POST", "", data)
 
-    reply = asyncio.run(once())
+    loop = asyncio.new_event_loop()  # a private loop: the calling thread's current loop (or none) stays as it was
+    try:
+        reply = loop.run_until_complete(once())
+    finally:
+        loop.close()
     if isinstance(reply, str):
         raise ValueError(f"{url} answered with text, not JSON: {reply[:200]!r}")
     return reply
