@@ -34,6 +34,55 @@ def _bare_caches(backends: dict, batch: int, max_length: int) -> list[tuple[torc
     return caches
 
 
+def _attention_alternatives(shape, max_ctx: int, b: int, repeat: int) -> None:
+    """Time one layer's decode attention for b sessions of mixed lengths (64 ... max_ctx), three mechanisms.
+
+    (i) ours: per session, in place over its own cache; (ii) padding + mask: every session's cache gathered
+    into one padded batch-b buffer, one masked attention; (iii) torch's scaled_dot_product_attention per
+    session (GQA-aware kernel) over strided views of the same cache.
+    """
+    import torch.nn.functional as F
+
+    from petals_chain.server.batched_step import BatchedSpanStep
+
+    kvh, g, d = shape.kv_heads, shape.heads // shape.kv_heads, shape.hidden // shape.heads
+    lengths = torch.linspace(64, max_ctx, b).round().long().tolist()
+    keys = [torch.randn(1, kvh, d, max_ctx + 1) for _ in lengths]
+    values = [torch.randn(1, kvh, max_ctx + 1, d) for _ in lengths]
+    q = torch.randn(b, shape.heads, d)
+    out = torch.empty_like(q)
+    probe = BatchedSpanStep.__new__(BatchedSpanStep)
+    probe.num_kv_heads, probe.groups, probe.head_dim, probe.max_logits_bytes = kvh, g, d, 1 << 28
+
+    def in_place():
+        for i, length in enumerate(lengths):
+            probe._attend(q[i:i + 1], out[i:i + 1], keys[i], values[i], 1, 1, length - 1)
+
+    def padded():
+        longest = max(lengths)
+        k_pad, v_pad = torch.zeros(b, kvh, d, longest), torch.zeros(b, kvh, longest, d)
+        mask = torch.ones(b, 1, 1, longest, dtype=torch.bool)
+        for i, length in enumerate(lengths):
+            k_pad[i, :, :, :length] = keys[i][0, :, :, :length]
+            v_pad[i, :, :length] = values[i][0, :, :length]
+            mask[i, ..., :length] = False
+        scores = torch.matmul(q.view(b, kvh, g, d), k_pad).masked_fill(mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v_pad)
+
+    def sdpa():
+        for i, length in enumerate(lengths):
+            F.scaled_dot_product_attention(q[i].view(1, shape.heads, 1, d), keys[i][..., :length].transpose(-1, -2),
+                                           values[i][:, :, :length], enable_gqa=True)
+
+    times = {}
+    for name, fn in (("in place (ours)", in_place), ("padding + mask", padded), ("SDPA per session", sdpa)):
+        fn()
+        times[name] = best_of(fn, max(repeat, 3) * 5)
+    print(f"one layer's decode attention, {b} sessions of contexts {lengths[0]}..{lengths[-1]} (mixed):")
+    for name, t in times.items():
+        print(f"  {name:18s} {t * 1e6:8.1f} µs")
+
+
 def run(argv: list[str] | None = None) -> int:
     """Print the table; returns 0."""
     from petals.server.backend import _MergedInferenceStep
@@ -55,11 +104,15 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="timed calls per figure, the fastest is kept")
     p.add_argument("--quick", action="store_true", help="2 timed calls per figure")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-alternatives", action="store_true", help="skip the attention mechanisms' comparison")
     args = p.parse_args(argv)
     repeat = 2 if args.quick else args.repeat
     torch.set_num_threads(args.threads)
 
     shape = known_shape("smollm2-135m")
+    if not args.no_alternatives:
+        for b in sorted({8, max(args.sessions)}):
+            _attention_alternatives(shape, max(args.contexts), b, repeat)
     config = llama_config(shape, rope_theta=SMOLLM2_ROPE_THETA, max_positions=max(args.contexts) + 8)
     all_backends = random_backends(config, max(args.blocks), seed=args.seed)
     max_length = max(args.contexts) + 1
