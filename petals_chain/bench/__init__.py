@@ -1,4 +1,4 @@
-"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench sim|compose|orchestrator|moldable|mell|torta``.
+"""Benchmarks, one module per subcommand: ``python -m petals_chain.bench <name>``, names in SUBCOMMANDS.
 
 Each module named in :data:`SUBCOMMANDS` defines ``run(argv: list[str] | None) -> int``;
 add a subcommand by adding its module here. Modules load lazily, so one
@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "moldable": "petals_chain.bench.moldable",
     "mell": "petals_chain.bench.mell",
     "torta": "petals_chain.bench.torta",
+    "server-step": "petals_chain.bench.server_step",
 }
 
 

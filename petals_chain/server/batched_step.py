@@ -1,0 +1,278 @@
+"""One forward pass over a span of PETALS LLaMA blocks for the inference steps of many sessions at once.
+
+PETALS' server runs one session's step at a time: its inference pool hands the runtime one task, and
+``TransformerBackend.inference_step`` runs the span's blocks over that session's tokens with that session's
+KV cache. This module is the arithmetic a batching server needs instead (docs/batching.md): given N sessions,
+each with its own cache tensors (PETALS' layout, see :class:`SessionStep`), its own prefix length and its own
+new tokens (1 for a decode step, more for a prefill or a speculative verification), it runs every block once
+for all of them and writes each session's new keys and values into that session's cache.
+
+Design ("packed tokens, per-session attention over the caches in place"):
+
+* every token-wise operation (both RMSNorms, the q/k/v/o projections, rotary embeddings, the MLP) runs on one
+  packed ``[T, hidden]`` matrix holding all sessions' new tokens back to back (T = the sum of tokens), so a
+  block's weights are read once per step for all sessions and nothing is padded;
+* attention is the only operation that needs a session's history. It runs per session, directly on views of
+  that session's own cache tensors: the step's keys and values are first written into the cache at positions
+  ``prefix_length ... prefix_length + n - 1``, then the queries attend to the first ``prefix_length + n``
+  cached positions. No cache is copied, concatenated or padded, and a session of 4 tokens next to one of
+  4000 costs neither anything extra;
+* rollback needs nothing special: a session that continues from an earlier position simply comes with a
+  smaller ``prefix_length``; its stale positions beyond the new end are overwritten or never read.
+
+This module is torch only (no RPC, no pools) and changes nothing in the live server by itself; the server-side
+adapter that reads PETALS' cache handles is :class:`BatchedMergedInferenceStep`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
+
+# Attention logits of one session are computed in query chunks no larger than this (bytes), as PETALS bounds
+# its own logits with ``max_chunk_size_bytes``; a long prefill then needs bounded working memory.
+DEFAULT_MAX_LOGITS_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class SessionStep:
+    """One session's inference step over the span.
+
+    ``hidden_states``: ``[batch, n_new, hidden]``, the session's new tokens (``batch`` is the session's number of
+    hypotheses, 1 for greedy decoding and sampling). ``caches``: per block of the span, the session's
+    ``(keys, values)`` tensors in PETALS' per-session layout, keys ``[batch, kv_heads, head_dim, max_length]`` and
+    values ``[batch, kv_heads, max_length, head_dim]`` (``TransformerBackend.get_inference_cache_descriptors``).
+    ``prefix_length``: how many cached positions the step attends to before its own tokens; the step writes its
+    keys and values at ``prefix_length ... prefix_length + n_new - 1``. A value smaller than the session's last
+    length is a rollback. ``hypo_ids``: optional ``[batch]`` int64 indices that reorder the session's cache
+    rows before the step (beam search), as PETALS does.
+    """
+
+    hidden_states: torch.Tensor
+    caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    prefix_length: int
+    hypo_ids: torch.Tensor | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens this step adds per hypothesis."""
+        return int(self.hidden_states.shape[1])
+
+    @property
+    def end(self) -> int:
+        """The session's length after the step."""
+        return self.prefix_length + self.n_tokens
+
+
+def unwrap_block(block: nn.Module) -> nn.Module:
+    """The LLaMA decoder layer inside ``block``: PETALS wraps each served block in a one-device TensorParallel.
+
+    A block split over several devices (tensor parallelism) is refused: its heads live on different devices and
+    this step runs one device's attention.
+    """
+    shards = getattr(block, "module_shards", None)
+    if shards is not None:
+        if len(shards) != 1:
+            raise ValueError(f"batched step needs unsplit blocks, got a TensorParallel over {len(shards)} devices")
+        block = shards[0]
+    for name in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"):
+        if not hasattr(block, name):
+            raise TypeError(f"{type(block).__name__} is not a LLaMA decoder layer (no {name})")
+    return block
+
+
+class BatchedSpanStep:
+    """Runs the blocks of one span over many sessions' steps in one pass (see the module's docstring).
+
+    Built once per span from the blocks the server serves (``WrappedLlamaBlock``s, bare or in PETALS'
+    TensorParallel wrapper); holds no per-session state, so the same object serves every step.
+    """
+
+    def __init__(self, blocks: Sequence[nn.Module], *, max_logits_bytes: int = DEFAULT_MAX_LOGITS_BYTES):
+        if not blocks:
+            raise ValueError("a span needs at least one block")
+        self.layers = [unwrap_block(b) for b in blocks]
+        attn = self.layers[0].self_attn
+        self.num_heads: int = attn.num_heads
+        self.num_kv_heads: int = attn.num_key_value_heads
+        self.head_dim: int = attn.head_dim
+        self.groups = self.num_heads // self.num_kv_heads
+        self.hidden_size: int = attn.hidden_size
+        # Every block of a LLaMA model has the same rotary table, so one block's module serves the whole span.
+        self.rotary = attn.rotary_emb
+        self.max_logits_bytes = max_logits_bytes
+
+    # -- validation -------------------------------------------------------------------------------------------
+
+    def _check(self, steps: Sequence[SessionStep]) -> None:
+        """ValueError naming the session and the field for anything the step cannot run."""
+        for i, s in enumerate(steps):
+            h = s.hidden_states
+            if h.ndim != 3 or h.shape[2] != self.hidden_size:
+                raise ValueError(f"session {i}: hidden_states must be [batch, n, {self.hidden_size}],"
+                                 f" got {tuple(h.shape)}")
+            if len(s.caches) != len(self.layers):
+                raise ValueError(f"session {i}: {len(s.caches)} cache pairs for {len(self.layers)} blocks")
+            keys, values = s.caches[0]
+            want_k = (h.shape[0], self.num_kv_heads, self.head_dim)
+            bad_values = values.shape[:2] != keys.shape[:2] or values.shape[3] != self.head_dim
+            if tuple(keys.shape[:3]) != want_k or bad_values:
+                raise ValueError(f"session {i}: cache shapes {tuple(keys.shape)}, {tuple(values.shape)} do not fit"
+                                 f" batch {h.shape[0]}, {self.num_kv_heads} KV heads of {self.head_dim}")
+            max_length = min(keys.shape[3], values.shape[2])
+            if not 0 <= s.prefix_length <= max_length - s.n_tokens:
+                raise ValueError(f"session {i}: prefix {s.prefix_length} + {s.n_tokens} new tokens exceeds the"
+                                 f" cache's {max_length} positions (or the prefix is negative)")
+
+    # -- the step ---------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def __call__(self, steps: Sequence[SessionStep]) -> list[torch.Tensor]:
+        """Run the span over every session's new tokens; returns each session's outputs ``[batch, n, hidden]``.
+
+        Side effect, as in PETALS' ``inference_step``: each session's caches hold its new keys and values at
+        ``prefix_length ... end - 1`` (and are first reordered by its ``hypo_ids``, if any).
+        """
+        self._check(steps)
+        live = [s for s in steps if s.hidden_states.numel() > 0]
+        for s in live:
+            if s.hypo_ids is not None:
+                for keys, values in s.caches:
+                    keys[...] = keys[s.hypo_ids.to(keys.device)]
+                    values[...] = values[s.hypo_ids.to(values.device)]
+        if not live:
+            return [s.hidden_states for s in steps]
+
+        x = torch.cat([s.hidden_states.reshape(-1, self.hidden_size) for s in live])  # [T, hidden], packed
+        cos, sin = self._rotary_tables(live, x)
+        for index, layer in enumerate(self.layers):
+            x = self._layer(layer, index, x, live, cos, sin)
+
+        outputs, offset, it = [], 0, iter(range(len(live)))
+        for s in steps:
+            if s.hidden_states.numel() == 0:
+                outputs.append(s.hidden_states)
+                continue
+            next(it)
+            size = s.hidden_states.shape[0] * s.n_tokens
+            outputs.append(x[offset:offset + size].view_as(s.hidden_states))
+            offset += size
+        return outputs
+
+    def _rotary_tables(self, steps: Sequence[SessionStep], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, 1, head_dim]`` of every packed token's absolute position (its session's own)."""
+        positions = torch.cat([
+            torch.arange(s.prefix_length, s.end, device=x.device).repeat(s.hidden_states.shape[0]) for s in steps
+        ])
+        cos, sin = self.rotary(x, seq_len=max(s.end for s in steps))  # [1, 1, longest, head_dim]
+        return cos[0, 0, positions].unsqueeze(1), sin[0, 0, positions].unsqueeze(1)
+
+    def _layer(self, layer: nn.Module, index: int, x: torch.Tensor, steps: Sequence[SessionStep],
+               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One decoder layer over the packed tokens: token-wise parts packed, attention per session."""
+        attn = layer.self_attn
+        tokens = x.shape[0]
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(tokens, self.num_heads, self.head_dim)
+        k = attn.k_proj(h).view(tokens, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(tokens, self.num_kv_heads, self.head_dim)
+        q = (q * cos + rotate_half(q) * sin) * (1.0 / math.sqrt(self.head_dim))
+        k = k * cos + rotate_half(k) * sin
+
+        out = torch.empty_like(q)
+        offset = 0
+        for s in steps:
+            batch, n = s.hidden_states.shape[0], s.n_tokens
+            size = batch * n
+            keys, values = s.caches[index]
+            p = s.prefix_length
+            # write this step's keys/values into the session's own cache, then attend over the cache in place
+            shape = (batch, n, self.num_kv_heads, self.head_dim)
+            keys[:, :, :, p:p + n] = k[offset:offset + size].view(shape).permute(0, 2, 3, 1)
+            values[:, :, p:p + n] = v[offset:offset + size].view(shape).transpose(1, 2)
+            self._attend(q[offset:offset + size], out[offset:offset + size], keys, values, batch, n, p)
+            offset += size
+
+        x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _attend(self, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                batch: int, n: int, p: int) -> None:
+        """Causal attention of one session's ``n`` queries (positions ``p ...``) over its cache, into ``out``.
+
+        Queries of the ``groups`` heads that share a KV head are stacked as rows of one matrix, so grouped-query
+        attention needs no repeated keys; long steps are cut into query chunks whose logits fit
+        ``max_logits_bytes``.
+        """
+        kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
+        q5 = q.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)  # [batch, kv_heads, groups, n, head_dim]
+        out5 = out.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)
+        row_bytes = batch * kvh * g * (p + n) * 4  # float32 softmax of one query position
+        chunk = max(1, min(n, self.max_logits_bytes // max(1, row_bytes)))
+        for c0 in range(0, n, chunk):
+            m = min(chunk, n - c0)
+            end = p + c0 + m
+            scores = torch.matmul(q5[:, :, :, c0:c0 + m].reshape(batch, kvh, g * m, d), keys[:, :, :, :end])
+            if m > 1:  # query i (position p + c0 + i) sees keys 0 ... p + c0 + i
+                i = torch.arange(m, device=q.device).unsqueeze(1)
+                j = torch.arange(end, device=q.device).unsqueeze(0)
+                masked = (j > p + c0 + i).repeat(g, 1)  # rows ordered (group, position)
+                scores = scores.masked_fill(masked, float("-inf"))
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out5[:, :, :, c0:c0 + m] = torch.matmul(probs, values[:, :, :end]).view(batch, kvh, g, m, d)
+
+
+class BatchedMergedInferenceStep:
+    """The batched counterpart of PETALS' ``_MergedInferenceStep``: many sessions' steps over the same backends.
+
+    ``backends`` maps block uids to PETALS' ``TransformerBackend``s of one span (the server's own objects). A
+    call takes, per session, its hidden states, hypo ids and the ``InferenceMetadata`` tuple that PETALS' handler
+    builds for the merged pool (one per block, with that block's cache handles and the session's prefix
+    length), resolves the handles with the backends' ``memory_cache`` and runs :class:`BatchedSpanStep`.
+    Sessions with deep prompts or an active adapter are refused: the server must run those alone.
+    """
+
+    def __init__(self, backends: Mapping[str, nn.Module], **kwargs):
+        self.backends = dict(backends)
+        self.memory_cache = next(iter(self.backends.values())).memory_cache
+        self._steps: dict[tuple[str, ...], BatchedSpanStep] = {}
+        self._kwargs = kwargs
+
+    def _span_step(self, uids: tuple[str, ...]) -> BatchedSpanStep:
+        """The (cached) batched step over the blocks ``uids``."""
+        if uids not in self._steps:
+            self._steps[uids] = BatchedSpanStep([self.backends[u].module for u in uids], **self._kwargs)
+        return self._steps[uids]
+
+    @torch.inference_mode()
+    def __call__(self, requests: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence]]) -> list[torch.Tensor]:
+        """``requests``: per session ``(hidden_states, hypo_ids, inference_infos)``; returns per session outputs."""
+        if not requests:
+            return []
+        uids = tuple(info.uid for info in requests[0][2])
+        for _, _, infos in requests:
+            if tuple(info.uid for info in infos) != uids:
+                raise ValueError("sessions of one batched step must cover the same blocks")
+            if any(info.active_adapter for info in infos):
+                raise ValueError("sessions with an active adapter cannot be batched")
+            if len({info.prefix_length for info in infos}) != 1:
+                raise ValueError("a session's blocks must share one prefix length")
+        handles = [h for _, _, infos in requests for info in infos for h in info.cache_handles]
+        with self.memory_cache.use_cache(*handles) as tensors:
+            steps, at = [], 0
+            for hidden_states, hypo_ids, infos in requests:
+                caches = []
+                for info in infos:
+                    pair = tensors[at:at + len(info.cache_handles)]
+                    if len(pair) != 2:
+                        raise ValueError("batched step serves one-device blocks: two cache tensors per block")
+                    caches.append((pair[0], pair[1]))
+                    at += len(info.cache_handles)
+                ids = None if hypo_ids is None or hypo_ids.numel() == 0 else hypo_ids
+                steps.append(SessionStep(hidden_states, caches, infos[0].prefix_length, ids))
+            return self._span_step(uids)(steps)

@@ -1,0 +1,178 @@
+"""The batched step equals PETALS' own one-session-at-a-time step, outputs and caches, for mixed sessions.
+
+Reference: PETALS' ``_MergedInferenceStep`` (what the server's merged inference pool runs for one session's
+step) over the same ``TransformerBackend``s; every session has two caches, one advanced by the reference, one by
+the batched step, and both must agree after every round. Float32, tiny random-weight LLaMA blocks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep, SessionStep
+from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
+
+TOL = 1e-4  # float32; observed differences are ~1e-6 (summation order of packed vs single-session matmuls)
+MAX_LENGTH = 48
+N_BLOCKS = 3
+NO_HYPO = torch.empty(0, dtype=torch.int64)
+
+
+@pytest.fixture(scope="module")
+def backends():
+    torch.set_num_threads(1)
+    return random_backends(llama_config(TINY), N_BLOCKS, seed=0)
+
+
+@dataclass
+class Session:
+    """A session with a reference cache and a batched cache, and its length so far."""
+
+    ref: tuple
+    bat: tuple
+    batch: int = 1
+    length: int = 0
+
+
+def _reference(backends, hidden, hypo_ids, infos) -> torch.Tensor:
+    from petals.server.backend import _MergedInferenceStep
+
+    return _MergedInferenceStep(backends)(hidden.clone(), hypo_ids, infos, *([None] * len(infos)))[0]
+
+
+def _cache_diff(backends, session: Session) -> float:
+    cache = next(iter(backends.values())).memory_cache
+    ref = [h for hs in session.ref for h in hs]
+    bat = [h for hs in session.bat for h in hs]
+    with cache.use_cache(*ref) as a, cache.use_cache(*bat) as b:
+        return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+def _plan(rng: random.Random, s: Session) -> tuple[int, int] | None:
+    """(prefix_length, new tokens) of this session's next step, or None when it sits this round out."""
+    if s.length == 0:
+        return 0, rng.randint(2, 12)  # prefill
+    kind = rng.choice(["decode", "decode", "verify", "rollback", "idle"])
+    room = MAX_LENGTH - s.length
+    if kind == "idle" or room < 1:
+        return None if room >= 1 else (rng.randint(0, s.length - 1), 1)
+    if kind == "decode":
+        return s.length, 1
+    if kind == "verify":
+        return s.length, rng.randint(2, min(5, room))
+    back = rng.randint(0, s.length - 1)  # rollback to an earlier position, then a speculative width of tokens
+    return back, rng.randint(1, min(5, MAX_LENGTH - back))
+
+
+@pytest.mark.parametrize("n_sessions", [1, 2, 4, 8])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixed_sessions_equal_petals_step(backends, n_sessions: int, seed: int) -> None:
+    """Random rounds of prefill, decode, k > 1 verification and rollback; outputs and caches equal PETALS'."""
+    rng = random.Random(seed * 100 + n_sessions)
+    torch.manual_seed(seed)
+    sessions = [Session(allocate_session(backends, 1, MAX_LENGTH), allocate_session(backends, 1, MAX_LENGTH))
+                for _ in range(n_sessions)]
+    batched = BatchedMergedInferenceStep(backends)
+    worst_out = worst_cache = 0.0
+    kinds: set[str] = set()
+    for _ in range(8):
+        requests, expected, members = [], [], []
+        for s in sessions:
+            plan = _plan(rng, s)
+            if plan is None:
+                continue
+            prefix, n = plan
+            kinds.add("prefill" if s.length == 0 else "rollback" if prefix < s.length else
+                      "decode" if n == 1 else "verify")
+            hidden = torch.randn(s.batch, n, TINY.hidden)
+            expected.append(_reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, prefix)))
+            requests.append((hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, prefix)))
+            members.append(s)
+            s.length = prefix + n
+        if not requests:
+            continue
+        rng.shuffle(order := list(range(len(requests))))  # the batch's order must not matter
+        outputs = batched([requests[i] for i in order])
+        for pos, i in enumerate(order):
+            worst_out = max(worst_out, (outputs[pos] - expected[i]).abs().max().item())
+        worst_cache = max(worst_cache, *(_cache_diff(backends, s) for s in members))
+    print(f"{n_sessions} sessions, seed {seed}, steps {sorted(kinds)}: max |Δ output| {worst_out:.2e},"
+          f" max |Δ cache| {worst_cache:.2e}")
+    assert worst_out < TOL and worst_cache < TOL
+    if n_sessions >= 4:
+        assert {"prefill", "decode"} <= kinds
+
+
+def test_beams_reorder_like_petals(backends) -> None:
+    """Sessions of several hypotheses with hypo_ids beside a greedy one: caches reordered as PETALS does."""
+    torch.manual_seed(3)
+    beams = Session(allocate_session(backends, 3, MAX_LENGTH), allocate_session(backends, 3, MAX_LENGTH), batch=3)
+    greedy = Session(allocate_session(backends, 1, MAX_LENGTH), allocate_session(backends, 1, MAX_LENGTH))
+    batched = BatchedMergedInferenceStep(backends)
+    worst = 0.0
+    for step, hypo in enumerate([NO_HYPO, torch.tensor([2, 0, 0]), torch.tensor([1, 2, 0])]):
+        n = 6 if step == 0 else 1
+        requests, expected = [], []
+        for s, ids in ((beams, hypo), (greedy, NO_HYPO)):
+            hidden = torch.randn(s.batch, n, TINY.hidden)
+            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
+            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
+            s.length += n
+        for out, exp in zip(batched(requests), expected):
+            worst = max(worst, (out - exp).abs().max().item())
+    worst_cache = max(_cache_diff(backends, beams), _cache_diff(backends, greedy))
+    print(f"beams: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
+    assert worst < TOL and worst_cache < TOL
+
+
+def test_chunked_prefill_equals_unchunked(backends) -> None:
+    """Query chunks (a tiny logits budget) give the same outputs and caches as one pass."""
+    torch.manual_seed(4)
+    blocks = [b.module for b in backends.values()]
+    whole, chunked = BatchedSpanStep(blocks), BatchedSpanStep(blocks, max_logits_bytes=1)
+    descr = next(iter(backends.values())).get_inference_cache_descriptors
+    caches_a = [tuple(d.make_zeros() for d in descr(2, 40)) for _ in blocks]
+    caches_b = [tuple(t.clone() for t in pair) for pair in caches_a]
+    hidden = [torch.randn(2, 17, TINY.hidden), torch.randn(2, 3, TINY.hidden)]
+    out_a = whole([SessionStep(hidden[0], caches_a, 0)])[0]
+    out_b = chunked([SessionStep(hidden[0], caches_b, 0)])[0]
+    out_a2 = whole([SessionStep(hidden[1], caches_a, 17)])[0]
+    out_b2 = chunked([SessionStep(hidden[1], caches_b, 17)])[0]
+    diff = max((out_a - out_b).abs().max().item(), (out_a2 - out_b2).abs().max().item(),
+               *((x - y).abs().max().item() for pa, pb in zip(caches_a, caches_b) for x, y in zip(pa, pb)))
+    print(f"chunked vs whole: max |Δ| {diff:.2e}")
+    assert diff < TOL
+
+
+def test_bare_blocks_and_empty_steps(backends) -> None:
+    """Unwrapped WrappedLlamaBlocks work too, and a 0-token step passes through untouched."""
+    blocks = [b.module.module_shards[0] for b in backends.values()]
+    descr = next(iter(backends.values())).get_inference_cache_descriptors
+    caches = [tuple(d.make_zeros() for d in descr(1, 8)) for _ in blocks]
+    empty = torch.zeros(1, 0, TINY.hidden)
+    steps = [SessionStep(empty, caches, 0), SessionStep(torch.randn(1, 2, TINY.hidden), caches, 0)]
+    out = BatchedSpanStep(blocks)(steps)
+    assert out[0].shape == (1, 0, TINY.hidden) and out[1].shape == (1, 2, TINY.hidden)
+
+
+def test_refuses_what_it_cannot_run(backends) -> None:
+    """Overflowing the cache, a wrong width and sessions over different blocks are refused by name."""
+    blocks = [b.module for b in backends.values()]
+    descr = next(iter(backends.values())).get_inference_cache_descriptors
+    caches = [tuple(d.make_zeros() for d in descr(1, 8)) for _ in blocks]
+    step = BatchedSpanStep(blocks)
+    with pytest.raises(ValueError, match="exceeds"):
+        step([SessionStep(torch.randn(1, 3, TINY.hidden), caches, 6)])
+    with pytest.raises(ValueError, match="hidden_states"):
+        step([SessionStep(torch.randn(1, 3, TINY.hidden + 1), caches, 0)])
+    with pytest.raises(ValueError, match="cache pairs"):
+        step([SessionStep(torch.randn(1, 1, TINY.hidden), caches[:1], 0)])
+    a = allocate_session(backends, 1, 8)
+    infos = inference_infos(backends, a, 0)
+    with pytest.raises(ValueError, match="same blocks"):
+        BatchedMergedInferenceStep(backends)([(torch.randn(1, 1, TINY.hidden), NO_HYPO, infos),
+                                              (torch.randn(1, 1, TINY.hidden), NO_HYPO, infos[:1])])
