@@ -127,7 +127,9 @@ def birth_death_mean_jobs(arrival_rate: float, death_rates: np.ndarray | Sequenc
     shift = max(float(head.max()), log_tail_mass, log_tail_n)
     w = np.exp(np.maximum(head - shift, _LOG_TINY))  # clip: e^-700 terms are negligible, and never underflow
     norm = float(w.sum()) + math.exp(log_tail_mass - shift)
-    mean_n = float(np.arange(c, dtype=float) @ w) + math.exp(log_tail_n - shift)
+    # An elementwise product and numpy's pairwise sum, not a BLAS dot: BLAS picks its kernel (and so its summation
+    # order) by CPU, which moved near-ties between c values by one ulp from machine to machine.
+    mean_n = float(np.sum(np.arange(c, dtype=float) * w)) + math.exp(log_tail_n - shift)
     return mean_n / norm
 
 

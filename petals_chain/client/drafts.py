@@ -1,7 +1,7 @@
 """Speculative drafts that need no second model (prompt lookup); torch-free so that the tests use them cheaply.
 
-The width's range check is :mod:`petals_chain.moldable.width_range` (docs/moldable.md, "Speculative width on the
-swarm").
+The width's range check is :mod:`petals_chain.moldable.width_range`;
+docs/moldable.md, "Speculative width on the swarm".
 """
 
 from __future__ import annotations
