@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.cluster_sim import Scenario
 from petals_chain.torta.params import QUICK_TRAINING, TortaParams
 from petals_chain.torta.regional import FORECAST_SLOTS, LIVE_PARAMS, moving_average
 from petals_chain.torta.topology import Regions

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.cluster_sim import Scenario
 from petals_chain.torta.env import FluidMacroEnv
 from petals_chain.torta.episode import Forecast
 from petals_chain.torta.ppo import BetaPolicy, ValueNet, anchor_of, gae, ppo_update, schedule
