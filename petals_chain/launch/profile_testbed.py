@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from petals_chain.launch.testbed import REPO_ROOT, TestbedError, load_testbed
+from petals_chain.launch.testbed import TestbedError, load_testbed
+from petals_chain.launch.testbed_format import REPO_ROOT
 from petals_chain.model import SpecError
 
 DEFAULT_JOB = (64, 24)  # τ are written for this job (≈ the Table 1 replay's mean scaled job)

@@ -17,13 +17,7 @@ import numpy as np
 import yaml
 
 from petals_chain.data.ripe import draw_topology, load_ripe_atlas
-from petals_chain.launch.testbed_format import (  # noqa: F401  (re-exported: the launcher's constants)
-    DEFAULT_PORT,
-    DEFAULT_SUBNET,
-    DELAY_METHODS,
-    REPO_ROOT,
-    TestbedFile,
-)
+from petals_chain.launch.testbed_format import TestbedFile
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.schema import validate_document
 
