@@ -3,8 +3,8 @@
 ``python -m petals_chain.experiments.torta_train --topology abilene [--episodes N] [--quick] [--seed S] [--out DIR]``
 writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt; ``--topology
 live3`` trains for the live demo's regions (``petals_chain.torta.live``). The training itself is
-:func:`petals_chain.torta.train.train`; this module is its command line and its plot. docs/torta.md, "Macro layer:
-PPO".
+:func:`petals_chain.torta.train.train`; this module is its command line and its plot.
+docs/torta.md, "Macro layer: PPO".
 """
 
 from __future__ import annotations
