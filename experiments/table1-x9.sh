@@ -12,9 +12,9 @@ TB=experiments/testbeds/cpu_emulated_regime_x9.yaml
 PROFILE=results/profile/cpu-emulated-regime-x9.json
 if [ ! -f "$PROFILE" ]; then
   parts="$(mktemp -d)"
-  "$PY" -m petals_chain.launch.profile "$TB" --servers s0,s3,s4 --quick --capacity-s 60 --out "$parts" --stem g0
-  "$PY" -m petals_chain.launch.profile "$TB" --servers s1,s5,s6 --quick --no-capacity --out "$parts" --stem g1
-  "$PY" -m petals_chain.launch.profile "$TB" --servers s2,s7,s8 --quick --no-capacity --out "$parts" --stem g2
+  "$PY" -m petals_chain.launch.profile_testbed "$TB" --servers s0,s3,s4 --quick --capacity-s 60 --out "$parts" --stem g0
+  "$PY" -m petals_chain.launch.profile_testbed "$TB" --servers s1,s5,s6 --quick --no-capacity --out "$parts" --stem g1
+  "$PY" -m petals_chain.launch.profile_testbed "$TB" --servers s2,s7,s8 --quick --no-capacity --out "$parts" --stem g2
   "$PY" -m petals_chain.launch.profile_merge "$TB" "$parts/g0" "$parts/g1" "$parts/g2" --stem cpu-emulated-regime-x9
 fi
 exec experiments/table1.sh --testbed "$TB" --profile "$PROFILE" --load 0.1 --requests 40 --out results/table1-x9 "$@"

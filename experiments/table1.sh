@@ -6,7 +6,7 @@
 # Needs root (network namespaces) and the SmolLM2 checkpoint (scripts/prepare_model.sh). Uses the fitted profile
 # results/profile/cpu-emulated-regime.json (testbed experiments/testbeds/cpu_emulated_regime.yaml); if it is missing,
 # profiles the testbed first
-# (python -m petals_chain.launch.profile, ~8 min). Writes results/table1.{csv,md,png}; --quick takes ~15 min here.
+# (python -m petals_chain.launch.profile_testbed, ~8 min). Writes results/table1.{csv,md,png}; --quick takes ~15 min here.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -26,7 +26,7 @@ regime=""; for a in "$@"; do [ "$a" = "--regime" ] && regime=1; done
 if [ ! -f "$profile" ] && [ -z "$regime" ]; then
   echo "[table1] no profile at $profile: profiling the testbed first"
   quick=""; for a in "$@"; do [ "$a" = "--quick" ] && quick="--quick"; done
-  "$PY" -m petals_chain.launch.profile "$testbed" $quick --out "$(dirname "$profile")" \
+  "$PY" -m petals_chain.launch.profile_testbed "$testbed" $quick --out "$(dirname "$profile")" \
     --stem "$(basename "$profile" .json)"
 fi
 exec "$PY" -m petals_chain.experiments.table1 "$@"

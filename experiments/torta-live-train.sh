@@ -8,4 +8,4 @@ cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || bash scripts/install.sh
 export MPLBACKEND="${MPLBACKEND:-Agg}"
-exec "$PY" -m petals_chain.torta.train --topology live3 --episodes 120 --seed 1 "$@"
+exec "$PY" -m petals_chain.experiments.torta_train --topology live3 --episodes 120 --seed 1 "$@"

@@ -12,9 +12,9 @@ from petals_chain.model import InfeasibleError, SpecError
 
 
 def _compose(args: argparse.Namespace) -> int:
-    from petals_chain.compose.cluster import load_cluster
+    from petals_chain.compose.cluster_file import load_cluster
     from petals_chain.compose.report import composition_table, composition_to_dict
-    from petals_chain.compose.methods import METHODS, Routing, get_method
+    from petals_chain.compose.method_table import METHODS, Routing, get_method
 
     if args.method in METHODS and METHODS[args.method].routing is not Routing.JFFC:
         raise SpecError(f"--method: {args.method} routes requests without fixed chains, so compose has nothing to "
@@ -34,7 +34,7 @@ def _compose(args: argparse.Namespace) -> int:
 
 def _chain_methods() -> tuple[str, ...]:
     """Methods with fixed chains (those compose can print)."""
-    from petals_chain.compose.methods import METHODS, Routing
+    from petals_chain.compose.method_table import METHODS, Routing
 
     return tuple(n for n, m in METHODS.items() if m.routing is Routing.JFFC)
 

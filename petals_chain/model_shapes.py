@@ -2,17 +2,16 @@
 
 Every figure of a block's weights (s_m) and of its KV cache per job (s_c) in the cluster and testbed
 files is computed here from the model's config and the cache length, never typed in by hand
-(docs/model.md, "Servers and model"). A real checkpoint on disk is sized by petals_chain.checkpoint.sizing.
+(docs/model.md, "Servers and model"). A real checkpoint on disk is sized by petals_chain.checkpoint.sizing; both
+count bytes through petals_chain.checkpoint.quant (dtype widths, quantised linears).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from petals_chain.checkpoint.quant import BlockParams, block_param_bytes
+from petals_chain.checkpoint.quant import DTYPE_BYTES, BlockParams, block_param_bytes
 from petals_chain.model import SpecError
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)

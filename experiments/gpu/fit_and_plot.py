@@ -4,7 +4,7 @@ check memory_sizing.py's numbers against s_m·k + s_c·slots, and write the devi
 Inputs (in --dir): tau_raw.json, memory_raw.json (optional), tau_graphs_raw.json (optional: measure_tau.py
 --grid graphs, eager vs CUDA-graph timings of 32 blocks, which separate the launch overhead from the GPU's time).
 Outputs (in --dir): fit.json (every fitted and derived number), device_<gpu>.json (a cluster file whose
-``devices:`` section holds the GPU's datasheet and measured kinds, accepted by petals_chain.compose.cluster),
+``devices:`` section holds the GPU's datasheet and measured kinds, accepted by petals_chain.compose.cluster_file),
 fig9_gpu.png (computation time vs blocks, input length, output length, like the paper's Fig. 9),
 tau_concurrency.png (decode step vs context and prefill vs tokens for 1…c sessions) and memory_sizing.png.
 

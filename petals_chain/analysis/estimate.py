@@ -7,10 +7,12 @@ estimate decides between them (compose/joint.py). Chains of equal rate are lumpe
 interchangeable under JFFC), so one rate is Erlang C and two rates are the exact level recursion
 (analysis/ctmc.py); more rates are simulated with exponential sizes (the model the bounds assume) on one fixed
 seeded workload, so every candidate sees the same arrivals (common random numbers) and the result is
-deterministic. The simulation averages waiting + 1/μ of the chain each job was given rather than the job's drawn
-size / μ: JFFC assigns a job without looking at its size, so this has the same mean and a fraction of the noise.
-With the default 40 000 jobs its standard deviation is about 0.3 % of the mean at load 0.5 and grows with the
-load (about 3 % for three single-slot chains at 0.76).
+deterministic. The simulation is the chain simulator's own JFFC kernel (:mod:`petals_chain.kernels.chain_sim`,
+the one ``sim.engine.simulate`` runs), called directly so that the analysis sits below the simulator and the
+composer that uses this estimate. It averages waiting + 1/μ of the chain each job was given rather than the job's
+drawn size / μ: JFFC assigns a job without looking at its size, so this has the same mean and a fraction of the
+noise. With the default 40 000 jobs its standard deviation is about 0.3 % of the mean at load 0.5 and grows with
+the load (about 3 % for three single-slot chains at 0.76).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import numpy as np
 from petals_chain import defaults
 from petals_chain.analysis.bounds import _check_arrival_rate, check_rates_capacities
 from petals_chain.analysis.ctmc import erlang_c_mean_response, exact_k2_mean_response
+from petals_chain.kernels.chain_sim import central_kernel
+from petals_chain.kernels.dispatch_rules import speed_order
+from petals_chain.kernels.poisson import poisson_jobs
 from petals_chain.model import SpecError
 
 __all__ = ["ESTIMATORS", "MeanEstimate", "jffc_mean_estimate"]
@@ -49,25 +54,27 @@ def _lumped(rates: np.ndarray, capacities: np.ndarray) -> tuple[tuple[float, ...
 
 
 @lru_cache(maxsize=4)
-def _unit_workload(n_jobs: int, seed: int):
-    """Poisson arrivals of rate 1 with Exp(1) sizes; scaled to any λ by dividing the arrival times."""
-    from petals_chain.sim.workloads import poisson_workload
+def _unit_jobs(n_jobs: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, sizes): Poisson arrivals of rate 1 with Exp(1) sizes; scaled to any λ by dividing the times."""
+    return poisson_jobs(1.0, n_jobs, np.random.default_rng(seed))
 
-    return poisson_workload(1.0, n_jobs, np.random.default_rng(seed))
+
+_NO_SERVICE_MATRIX = np.empty((0, 0), dtype=np.float64)  # sizes / μ_k give the service times
 
 
 def _simulated(
     rates: tuple[float, ...], capacities: tuple[int, ...], arrival_rate: float, n_jobs: int, seed: int
 ) -> float:
     """Mean of waiting + 1/μ_k over the jobs after warm-up of one seeded JFFC run at λ."""
-    from petals_chain.sim.engine import simulate
-    from petals_chain.sim.workloads import Workload
-
-    unit = _unit_workload(n_jobs, seed)
-    workload = Workload(unit.arrival_s / arrival_rate, unit.size)
-    res = simulate(rates, capacities, workload, "JFFC", warmup_jobs=int(WARMUP_FRACTION * n_jobs))
-    rec = res.records
-    return float(np.mean(rec["waiting_s"] + 1.0 / np.asarray(rates)[rec["chain"]]))
+    unit_arrival, size = _unit_jobs(n_jobs, seed)
+    arrival = unit_arrival / arrival_rate
+    mu = np.asarray(rates, dtype=np.float64)
+    by_rank, _ = speed_order(rates)
+    warm = int(WARMUP_FRACTION * n_jobs)
+    start, _end, chain, _migrations, _area, _area_warm = central_kernel(
+        arrival, size, _NO_SERVICE_MATRIX, False, mu, np.asarray(capacities, dtype=np.int64), by_rank, False, warm)
+    waiting = start[warm:] - arrival[warm:]
+    return float(np.mean(waiting + 1.0 / mu[chain[warm:]]))
 
 
 @lru_cache(maxsize=8192)

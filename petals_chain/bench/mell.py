@@ -5,9 +5,10 @@ operations, each its own slot (so every decision is a whole Allocate, Depart or 
 arrivals, completions, and growths that cross a class boundary. Also times one full slot in which every
 live request grows by one token, and, for comparison in the same run, best fit's decisions per second.
 
-``--live`` adds the live part (bench/mell_live.py): the downtime of moving a SmolLM2 session between two chains of
-a loopback swarm by KV transfer and by token replay, at 128-2048 tokens, on plain loopback and under a ``tc tbf``
-cap (``--cap-mbit``, needs root), and which mode Mell's adaptive division would pick for each.
+``--live`` adds the live part (experiments/mell_live.py, the measurement the mell-downtime experiment records):
+the downtime of moving a SmolLM2 session between two chains of a loopback swarm by KV transfer and by token
+replay, at 128-2048 tokens, on plain loopback and under a ``tc tbf`` cap (``--cap-mbit``, needs root), and which
+mode Mell's adaptive division would pick for each.
 
 ``--division-only N``: the simulator (Mell and load balancing, both settings, the four workloads, N requests, the
 same arrivals per cell) with its moves divided by first fit and by the fastest rule: seconds of stall the moves
@@ -132,7 +133,7 @@ def _live(lengths: tuple[int, ...], cap_mbit: float, seed: int) -> int:
     import tempfile
     from pathlib import Path
 
-    from petals_chain.bench import mell_live
+    from petals_chain.experiments import mell_live
 
     with tempfile.TemporaryDirectory(prefix="mell-live-") as tmp:
         try:

@@ -17,7 +17,7 @@ import numpy as np
 
 from petals_chain.bench.timing import best_time
 from petals_chain.sim.engine import simulate
-from petals_chain.sim.kernels import HAVE_NUMBA
+from petals_chain.kernels.jit import HAVE_NUMBA
 from petals_chain.sim.workloads import Workload, poisson_workload
 
 

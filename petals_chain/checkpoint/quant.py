@@ -22,7 +22,8 @@ from typing import Any
 from petals_chain.model import SpecError
 
 QUANT_TYPES = ("none", "int8", "nf4")
-FLOAT32_BYTES = 4
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # one value of each compute dtype a server may hold
+FLOAT32_BYTES = DTYPE_BYTES["float32"]
 NF4_BLOCK = 64  # weights per first-level absmax (PETALS' blocksize)
 NF4_NESTED_BLOCK = 256  # first-level absmaxes per second-level float32 absmax (bitsandbytes' double quantisation)
 NF4_CODE_VALUES = 16  # the NF4 lookup table each quantised tensor carries, float32

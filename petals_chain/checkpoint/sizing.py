@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from petals_chain import defaults
-from petals_chain.checkpoint.quant import block_param_bytes, check_quant_type, count_block_params
+from petals_chain.checkpoint.quant import DTYPE_BYTES, block_param_bytes, check_quant_type, count_block_params
 from petals_chain.compose.capacity import slots_left
 from petals_chain.model import ModelSpec, SpecError
-from petals_chain.model_shapes import DTYPE_BYTES
 from petals_chain.units import UnitError, parse_size
 
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # "auto": the checkpoint's own dtype, bfloat16 for float32 ones (as PETALS)

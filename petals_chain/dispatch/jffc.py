@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.dispatch.base import Start, check_chains
-from petals_chain.dispatch.rules import jffc_arrival, jffc_release, speed_order
+from petals_chain.kernels.dispatch_rules import jffc_arrival, jffc_release, speed_order
 
 
 class JFFC:
@@ -17,8 +17,8 @@ class JFFC:
     Chains with a free slot sit in a heap keyed by speed rank (ties broken by
     index), so an arrival takes the fastest one and a departure hands its slot
     straight to the head of the queue. The decisions are
-    :func:`~petals_chain.dispatch.rules.jffc_arrival` and
-    :func:`~petals_chain.dispatch.rules.jffc_release`, the same functions the
+    :func:`~petals_chain.kernels.dispatch_rules.jffc_arrival` and
+    :func:`~petals_chain.kernels.dispatch_rules.jffc_release`, the same functions the
     simulator's numba kernel runs.
     """
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.dispatch.base import Start, check_chains
-from petals_chain.dispatch.rules import fastest_free, migration_source, speed_order
+from petals_chain.kernels.dispatch_rules import fastest_free, migration_source, speed_order
 
 
 class JFFCMigration:
@@ -19,8 +19,8 @@ class JFFCMigration:
     slowest busy chain s is strictly slower than k, its longest-resident job
     moves to k (``Start(job, k, migrated_from=s)``). With exponential sizes the
     number in system is then the birth-death chain of the lower bound ν̄_n.
-    The decisions are :func:`~petals_chain.dispatch.rules.fastest_free` and
-    :func:`~petals_chain.dispatch.rules.migration_source`, as in the simulator's kernel.
+    The decisions are :func:`~petals_chain.kernels.dispatch_rules.fastest_free` and
+    :func:`~petals_chain.kernels.dispatch_rules.migration_source`, as in the simulator's kernel.
     Deterministic: ``rng`` is accepted for a uniform factory signature, never drawn.
     """
 

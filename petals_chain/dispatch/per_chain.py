@@ -2,7 +2,7 @@
 
 A policy picks a chain on arrival and the job stays there: it starts at once if
 the chain has a free slot, else it waits in that chain's own FIFO queue. The
-choice is :func:`~petals_chain.dispatch.rules.per_chain_choice`, the same
+choice is :func:`~petals_chain.kernels.dispatch_rules.per_chain_choice`, the same
 function the simulator's numba kernel runs; a subclass only names its rule.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.dispatch.base import Start, check_chains
-from petals_chain.dispatch.rules import per_chain_choice
+from petals_chain.kernels.dispatch_rules import per_chain_choice
 
 
 class PerChainFCFS:

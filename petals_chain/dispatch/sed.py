@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from petals_chain.dispatch.per_chain import PerChainFCFS
-from petals_chain.dispatch.rules import SED_CODE
+from petals_chain.kernels.dispatch_rules import SED_CODE
 
 
 class SED(PerChainFCFS):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.compose.methods import METHODS
+from petals_chain.compose.method_table import METHODS
 from petals_chain.data import data_dir
 from petals_chain.data.azure import Trace, read_azure_trace
 from petals_chain.data.ripe import draw_topology

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.compose.methods import METHODS
+from petals_chain.compose.method_table import METHODS
 from petals_chain.experiments.common import Summary, checkpoint_path, plt, read_csv, replotting, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError, SpecError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
-from petals_chain.sim.methods import build_system, simulate_system
+from petals_chain.sim.systems import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
 
 FULL = {"Js": (10, 20, 30, 40), "etas": (0.1, 0.2, 0.3, 0.4), "runs": 20, "n_jobs": 5000}

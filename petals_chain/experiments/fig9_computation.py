@@ -1,7 +1,7 @@
 """Fig. 9 measured on the CPU-emulated testbed: computation time vs blocks, input length and output length.
 
 From the committed profile's step samples (``results/profile/STEM_samples.csv``, made by
-``python -m petals_chain.launch.profile``), with the fitted model drawn over them and its error printed per
+``python -m petals_chain.launch.profile_testbed``), with the fitted model drawn over them and its error printed per
 panel. What is measured and what is inferred: petals_chain.experiments.profile_figs. Writes fig9.csv (every
 point with the model's value), fig9.png.
 """
@@ -31,7 +31,8 @@ def load_stem(stem: Path = DEFAULT_STEM) -> tuple[Any, list[StepSample]]:
 
     samples_path = Path(f"{stem}_samples.csv")
     if not samples_path.is_file():
-        raise SpecError(f"{samples_path}: no profile samples (python -m petals_chain.launch.profile TESTBED.yaml)")
+        raise SpecError(f"{samples_path}: no profile samples "
+                        "(python -m petals_chain.launch.profile_testbed TESTBED.yaml)")
     return load_profile(Path(f"{stem}.json")), read_samples_csv(samples_path)
 
 

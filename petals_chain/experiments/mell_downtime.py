@@ -1,6 +1,6 @@
 """Mell, live: downtime of moving a running SmolLM2 session between chains by KV transfer vs token replay.
 
-Runs bench/mell_live.py's measurement on a loopback swarm (three CPU servers: one chain of one server, one of
+Runs experiments/mell_live.py's measurement on a loopback swarm (three CPU servers: one chain of one server, one of
 two) and again under a ``tc tbf`` bandwidth cap, then compares each length's faster mode with the mode Mell's
 adaptive division picks from the measured bandwidth and prefill rate (first fit, best fit, and the fastest rule
 with each link's profile from its shortest and longest session). ``--quick``: 128 and 512 tokens only.
@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from petals_chain.bench import mell_live
+from petals_chain.experiments import mell_live
 from petals_chain.experiments.common import Summary, plt, read_csv, replotting, write_csv
 
 REPLOT = True  # --replot redraws the PNG and section from results/mell_downtime.csv

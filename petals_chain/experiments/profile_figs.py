@@ -1,6 +1,6 @@
 """Figs 9-10 from a testbed profile's timed steps (pure): computation and communication points, the model, the errors.
 
-The profiler (petals_chain.launch.profiler) times whole client-side steps: a prefill step is one round trip
+The profiler (petals_chain.launch.profile_live) times whole client-side steps: a prefill step is one round trip
 plus the prefill of m blocks, a decode step one round trip plus one token through m blocks. PETALS does not
 report the server's compute time to the client, so the split is inferred from the per-server fit of
 petals_chain.launch.profile_fit: computation = step time − fitted round trip (r_j, and s_j for the session's

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.compose.methods import METHODS, Routing
+from petals_chain.compose.method_table import METHODS, Routing
 from petals_chain.experiments.common import REPO, Summary, publish
 from petals_chain.experiments.limit import distance_to_limit
 from petals_chain.experiments.replay import (ReplayPlan, ReplayResult, check_littles_law, plan_replay, prompts_for,
@@ -53,7 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--testbed", type=Path, default=DEFAULT_TESTBED)
     p.add_argument("--trace", type=Path, default=None, help="Azure trace CSV (default: the testbed file's trace)")
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE,
-                   help="profile JSON from python -m petals_chain.launch.profile (fitted τ and capacity)")
+                   help="profile JSON from python -m petals_chain.launch.profile_testbed (fitted τ and capacity)")
     p.add_argument("--requests", type=int, default=None, help="first N requests (default 40 quick, 200 full)")
     p.add_argument("--load", type=float, default=0.3, help="replay rate as a fraction of the measured capacity")
     p.add_argument("--input-scale", type=float, default=1 / 32, help="factor on prompt lengths")

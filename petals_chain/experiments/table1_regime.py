@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from petals_chain.compose.methods import METHODS, Routing
+from petals_chain.compose.method_table import METHODS, Routing
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
 from petals_chain.compose.tuning import compose_for_c
 from petals_chain.model import Composition, InfeasibleError, ModelSpec, ServerSpec, SpecError
@@ -226,7 +226,7 @@ def paper_side(cluster_path: str, methods: Sequence[str], *, paper_c: int | None
     """The paper's testbed from its cluster file (τ from the paper's service model), replayed at the trace's rate."""
     import yaml
 
-    from petals_chain.compose.cluster import load_cluster
+    from petals_chain.compose.cluster_file import load_cluster
 
     cl = load_cluster(cluster_path)
     with open(cluster_path) as fh:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.compose.methods import METHODS
+from petals_chain.compose.method_table import METHODS
 from petals_chain.experiments.common import plt
 from petals_chain.experiments.limit import LimitCheck, plot_limits
 from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments.common import checkpoint_path, code_digest, mean_ci, write_csv
+from petals_chain.experiments.torta_train import plot_curve
 from petals_chain.sim.montecarlo import run_replications
 from petals_chain.torta.compare import evaluate, prepare
 from petals_chain.torta.params import DEFAULT, TortaParams
-from petals_chain.torta.train import plot_curve
 
 TOPOLOGIES = ("abilene", "polska", "gabriel25", "cost266")
 PAPER_NAME = {"abilene": "Abilene", "polska": "Polska", "gabriel25": "Gabriel", "cost266": "Cost2"}

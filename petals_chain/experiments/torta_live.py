@@ -45,7 +45,7 @@ def ppo_checkpoint(out: Path, seed: int) -> Path:
     """The live regions' PPO checkpoint (as experiments/torta-live-train.sh writes it); trained now if missing."""
     path = out / "checkpoints" / f"{live.TOPOLOGY}-ep{PPO_EPISODES}.pt"
     if not path.exists():
-        from petals_chain.torta.train import main as train_main
+        from petals_chain.experiments.torta_train import main as train_main
 
         train_main(["--topology", live.TOPOLOGY, "--episodes", str(PPO_EPISODES), "--seed", str(seed),
                     "--out", str(out)])

@@ -19,7 +19,8 @@ import sys
 
 from petals_chain.launch import latency, mig, mig_smi, plan, state
 from petals_chain.launch.launcher import Launch, LaunchError
-from petals_chain.launch.testbed import DELAY_METHODS, Testbed, TestbedError, load_testbed
+from petals_chain.launch.testbed import Testbed, TestbedError, load_testbed
+from petals_chain.launch.testbed_format import DELAY_METHODS
 
 
 def _teardown(tag: str | None) -> int:

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from petals_chain.launch import latency, mig, mig_smi, netns, state
 from petals_chain.launch.commands import run
-from petals_chain.launch.testbed import REPO_ROOT, Testbed
+from petals_chain.launch.testbed import Testbed
+from petals_chain.launch.testbed_format import REPO_ROOT
 
 READY_TIMEOUT_S = 20.0
 

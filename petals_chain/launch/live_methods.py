@@ -1,6 +1,6 @@
 """The serving methods, live on a launched testbed: real PETALS servers in its namespaces, real clients in root.
 
-Every live method of :data:`petals_chain.compose.methods.METHODS` runs here. Servers run behind
+Every live method of :data:`petals_chain.compose.method_table.METHODS` runs here. Servers run behind
 the testbed's delays, each as a slower device per its speed factor
 (:mod:`petals_chain.launch.slowdown`); clients in the root namespace call ``generate()``
 (:mod:`petals_chain.launch.live_clients`):
@@ -30,7 +30,7 @@ from typing import Any
 
 from petals_chain import defaults
 from petals_chain.compose.capacity import blocks_array
-from petals_chain.compose.methods import Method, live_method
+from petals_chain.compose.method_table import Method, live_method
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
 from petals_chain.launch.live_clients import LeasingClient, PetalsClient
 from petals_chain.launch.live_setup import FittedServer, write_cluster

@@ -96,6 +96,6 @@ def write_cluster(path: Path, setup: ModelSetup, servers: Sequence[FittedServer]
                      "tau_p_s": float(s.tau_p_s), "serial_fraction": float(s.serial_fraction)} for s in servers],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# Written by petals_chain.launch.profiler: tau_p_s / tau_c_s fitted on the live testbed\n"
+    path.write_text("# Written by petals_chain.launch.profile_live: tau_p_s / tau_c_s fitted on the live testbed\n"
                     + yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -2,7 +2,7 @@
 
 Per server j, a prefill step of n tokens over m blocks takes ``r_j + s_j + m·(t_o + t_in·n)`` and a
 decode step ``r_j + m·t_out`` (``r_j`` the round trip, ``s_j`` the extra of opening a session); see
-:mod:`petals_chain.launch.profiler` for how the steps are measured.
+:mod:`petals_chain.launch.profile_live` for how the steps are measured.
 """
 
 from __future__ import annotations

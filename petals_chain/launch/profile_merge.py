@@ -78,7 +78,8 @@ def check_servers(profile: Profile, servers: dict[str, tuple[float, float]], whe
 def main(argv: Sequence[str] | None = None) -> int:
     """Read the parts (STEM.json + STEM_samples.csv each), merge, write the outputs as the profiler does."""
     from petals_chain.launch.live_setup import model_setup
-    from petals_chain.launch.testbed import REPO_ROOT, TestbedError, load_testbed
+    from petals_chain.launch.testbed import TestbedError, load_testbed
+    from petals_chain.launch.testbed_format import REPO_ROOT
 
     p = argparse.ArgumentParser(prog="python -m petals_chain.launch.profile_merge", description=__doc__.splitlines()[0])
     p.add_argument("testbed")

@@ -59,7 +59,7 @@ def load_profile(path: str | Path) -> Profile:
     """Read a profile JSON written by :func:`write_outputs`; SpecError naming the file and field if malformed."""
     path = Path(path)
     if not path.is_file():
-        raise SpecError(f"profile file not found: {path} (python -m petals_chain.launch.profile TESTBED.yaml)")
+        raise SpecError(f"profile file not found: {path} (python -m petals_chain.launch.profile_testbed TESTBED.yaml)")
     try:
         doc = json.loads(path.read_text())
         names = set(ServerFit.__annotations__)
@@ -80,7 +80,7 @@ def load_profile(path: str | Path) -> Profile:
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, SpecError):
             raise
-        raise SpecError(f"{path}: not a profile written by petals_chain.launch.profile ({type(exc).__name__}: "
+        raise SpecError(f"{path}: not a profile written by petals_chain.launch.profile_testbed ({type(exc).__name__}: "
                         f"{exc})") from None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from petals_chain.launch import state
 from petals_chain.launch.launcher import Launch
 from petals_chain.launch.live_setup import ModelSetup
-from petals_chain.launch.testbed import REPO_ROOT
+from petals_chain.launch.testbed_format import REPO_ROOT
 from petals_chain.model import SpecError
 
 READY_LINE = re.compile(r"orchestrator listening on (http://\S+)")

@@ -1,7 +1,7 @@
 """Testbed files (YAML): which servers to run (MIG slices or CPU stand-ins), the model, the delays, the trace.
 
 A testbed file is validated completely before anything is started (the format and its checks:
-:mod:`petals_chain.launch.testbed_file`); every error names the file and the field
+:mod:`petals_chain.launch.testbed_format`); every error names the file and the field
 (``paper_mig.yaml: gpus[1].profiles[2]: unknown MIG profile ...``). This module turns a valid
 file into a :class:`Testbed` in SI units, drawing RIPE Atlas RTTs where the file asks for them.
 """
@@ -17,13 +17,7 @@ import numpy as np
 import yaml
 
 from petals_chain.data.ripe import draw_topology, load_ripe_atlas
-from petals_chain.launch.testbed_file import (  # noqa: F401  (re-exported: the launcher's constants)
-    DEFAULT_PORT,
-    DEFAULT_SUBNET,
-    DELAY_METHODS,
-    REPO_ROOT,
-    TestbedFile,
-)
+from petals_chain.launch.testbed_format import TestbedFile
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.schema import validate_document
 
@@ -105,7 +99,7 @@ class Testbed:
 
 
 def parse_testbed(raw: Any, where: str = "testbed", base: Path | None = None, name: str | None = None) -> Testbed:
-    """Validate a decoded testbed document (see testbed_file) and build the :class:`Testbed`."""
+    """Validate a decoded testbed document (see testbed_format) and build the :class:`Testbed`."""
     base = base if base is not None else Path.cwd()
     doc = validate_document(TestbedFile, raw, where, error=TestbedError, context={"base": base})
     names = doc.server_names()

@@ -21,7 +21,8 @@ from petals_chain.moldable import kernel as K
 from petals_chain.moldable.optimal import JobClass, water_fill
 from petals_chain.moldable.sim import SAMPLE_PATH_TOL, InvariantError
 from petals_chain.moldable.speedup import SpeedUp
-from petals_chain.sim.kernels import _heap_pop, _heap_push, njit
+from petals_chain.kernels.heap import heap_pop, heap_push
+from petals_chain.kernels.jit import njit
 
 SCHEMES = ("partition", "shared", "greedy")
 # per-class columns of the kernel's ``out`` array
@@ -37,7 +38,7 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
     for q in range(pool_n.shape[0]):
         n_total += pool_n[q]
     cap = n_total + 1
-    # the departure heap of the chain simulator (sim/kernels.py): time, then (slot, servers, class) per job; a
+    # the departure heap of kernels/heap.py: time, then (slot, servers, class) per job; a
     # job's slot (free-listed, at most n jobs in system) keys its start time and breaks ties in the heap
     ht = np.empty(cap)
     hp = np.empty((cap, 3), np.int64)
@@ -67,7 +68,7 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
             out[j0, C_DONED] += td - start[slot]
             free[nfree] = slot
             nfree += 1
-            size = _heap_pop(ht, hp, size)
+            size = heap_pop(ht, hp, size)
         dt = t - t_prev
         for j in range(n_cls):
             for i in range(dims[j]):
@@ -105,7 +106,7 @@ def classes_kernel(pool_n, pool_of, speed, dims, cum_p, class_cum, total_rate, m
         nfree -= 1
         slot = free[nfree]
         start[slot] = t
-        size = _heap_push(ht, hp, size, t + dur, slot, k, j)
+        size = heap_push(ht, hp, size, t + dur, slot, k, j)
     for e in range(size):
         out[hp[e, 2], C_REMD] += t - start[hp[e, 0]]
     return t

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.sim.kernels import _heap_pop, _heap_push, njit
+from petals_chain.kernels.heap import heap_pop, heap_push
+from petals_chain.kernels.jit import njit
 
 DISTS = {"exp": 0, "det": 1, "erlang": 2, "pareto": 3}
 # out[] layout of the kernel's scalar results
@@ -35,7 +36,7 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
     ``area[i-1]`` = ∫ (jobs on i servers) dt over [0, last arrival].
     """
     d = speed.shape[0]
-    # the departure heap of the chain simulator (sim/kernels.py): time, then (slot, servers, unused) per job; a
+    # the departure heap of kernels/heap.py: time, then (slot, servers, unused) per job; a
     # job's slot (free-listed: at most n jobs in system) keys its duration and breaks ties in the heap
     ht = np.empty(n)
     hp = np.empty((n, 3), np.int64)
@@ -79,7 +80,7 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
             done_s += dd * speed[kk - 1]
             free[nfree] = slot
             nfree += 1
-            size = _heap_pop(ht, hp, size)
+            size = heap_pop(ht, hp, size)
         dt = t - t_prev
         for i in range(d):
             area[i] += cnt[i] * dt
@@ -114,7 +115,7 @@ def moldable_kernel(n, speed, cum_p, total_rate, n_arrivals, dist, rng, below, a
         nfree -= 1
         slot = free[nfree]
         hd[slot] = dur
-        size = _heap_push(ht, hp, size, t + dur, slot, k, 0)
+        size = heap_push(ht, hp, size, t + dur, slot, k, 0)
     remain_d = 0.0
     remain_r = 0.0
     for e in range(size):

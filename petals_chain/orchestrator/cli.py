@@ -5,7 +5,7 @@ with ``--torch_dtype``, ``--quant_type`` and ``--max-length`` as the servers siz
 ``--cluster FILE`` (which also lists planned servers and the load) or from
 ``--model-blocks/--block-bytes/--cache-bytes`` (which override the checkpoint's figures);
 servers then register over HTTP and the composition follows them. ``--method`` picks the
-serving method from :data:`petals_chain.compose.methods.METHODS`: its composer, and
+serving method from :data:`petals_chain.compose.method_table.METHODS`: its composer, and
 JFFC leases over fixed chains or a WS-RR route per request. Bad arguments print
 one line and exit with code 2.
 """
@@ -37,7 +37,7 @@ from petals_chain.cli_args import (
     positive_int_arg,
     size_range,
 )
-from petals_chain.compose.methods import Method, Routing, live_method, method_names
+from petals_chain.compose.method_table import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.orchestrator.auth import Credentials
 from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
@@ -207,7 +207,7 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
         raise SpecError(f"--c/--tune: method {method.name} does not tune c")
     planned: list = []
     if args.cluster:
-        from petals_chain.compose.cluster import load_cluster
+        from petals_chain.compose.cluster_file import load_cluster
 
         cluster = load_cluster(args.cluster)
         model = exact_sizes(args, cluster.model)

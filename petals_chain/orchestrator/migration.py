@@ -8,7 +8,7 @@ So a slot is never booked twice and the old one is freed only once the move succ
 
 Three reasons to move: JFFC with migration (``migration="jffc"``: when a slot of chain k frees up and nobody
 waits, the longest-resident session of the slowest busy chain slower than k moves to k, the decision
-:func:`~petals_chain.dispatch.rules.migration_source` that the simulator's kernel makes too); consolidation
+:func:`~petals_chain.kernels.dispatch_rules.migration_source` that the simulator's kernel makes too); consolidation
 (``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.orchestrator.packing`;
 ``"worst-fit"`` packs without moving, its baseline); and a drain (every session on a server's chains asks for a
 slot elsewhere, at the head of the queue when none is free).
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.dispatch.rules import migration_source, speed_order
+from petals_chain.kernels.dispatch_rules import migration_source, speed_order
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter

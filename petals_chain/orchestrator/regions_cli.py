@@ -70,8 +70,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anchors", default="", help="per region, a URL in that region that servers started with "
                    "--region auto measure their round trip to, e.g. 'eu=http://10.0.0.5:8700/health,us=...' "
                    "(default: the front's /regions/NAME/health)")
-    p.add_argument("--ppo-checkpoint", default=None, help="a PPO policy (python -m petals_chain.torta.train) for "
-                   "as many regions, refining the OT plan")
+    p.add_argument("--ppo-checkpoint", default=None, help="a PPO policy (python -m "
+                   "petals_chain.experiments.torta_train) for as many regions, refining the OT plan")
     p.add_argument("--model-blocks", type=positive_int_arg, required=True)
     p.add_argument("--block-bytes", type=size_range(gt=0), metavar="SIZE", required=True)
     p.add_argument("--cache-bytes", type=size_range(gt=0), metavar="SIZE", required=True)

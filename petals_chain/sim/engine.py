@@ -3,7 +3,7 @@
 :func:`run_general` drives any :class:`~petals_chain.dispatch.base.DispatchPolicy`
 with a heap of departures (job sizes: service time = size / μ_k, or a per-chain
 service-time matrix); :func:`simulate` picks the numba fast path of
-:mod:`petals_chain.sim.kernels` when it can, which gives the same records for
+:mod:`petals_chain.kernels.chain_sim` when it can, which gives the same records for
 the same inputs. Both keep ∫N(t)dt so that every run checks Little's law.
 """
 
@@ -19,7 +19,9 @@ import numpy as np
 
 from petals_chain.dispatch import POLICY_NAMES, canonical_name, make_policy
 from petals_chain.dispatch.base import DispatchPolicy, check_chains
-from petals_chain.sim import kernels
+from petals_chain.kernels.chain_sim import central_kernel, per_chain_kernel
+from petals_chain.kernels.dispatch_rules import PER_CHAIN_CODES, speed_order
+from petals_chain.kernels.jit import HAVE_NUMBA
 from petals_chain.sim.workloads import Workload
 
 RECORD_DTYPE = np.dtype([
@@ -247,15 +249,15 @@ def run_fast(policy: str, rates: Sequence[float], capacities: Sequence[int], wor
     if canon in ("JFFC", "JFFC-migration"):
         if canon == "JFFC-migration" and use_svc:
             raise ValueError("simulate: JFFC-migration needs memoryless sizes, not a service-time matrix")
-        by_rank = np.asarray(sorted(range(len(rates_l)), key=lambda k: (-rates_l[k], k)), dtype=np.int64)
-        out = kernels.central_kernel(workload.arrival_s, workload.size, svc, use_svc, rates_a, caps_a, by_rank,
-                                     canon == "JFFC-migration", warmup_jobs)
+        by_rank, _ = speed_order(rates_l)
+        out = central_kernel(workload.arrival_s, workload.size, svc, use_svc, rates_a, caps_a, by_rank,
+                             canon == "JFFC-migration", warmup_jobs)
     else:
         if rng is None:
             raise ValueError(f"simulate: policy {canon} breaks ties at random: pass rng")
         u = rng.random(workload.n_jobs)
-        out = kernels.per_chain_kernel(workload.arrival_s, workload.size, svc, use_svc, rates_a, caps_a,
-                                       kernels.POLICY_CODES[canon], u, warmup_jobs)
+        out = per_chain_kernel(workload.arrival_s, workload.size, svc, use_svc, rates_a, caps_a,
+                               PER_CHAIN_CODES[canon], u, warmup_jobs)
     start, end, chain, migrations, area, area_w = out
     return _result(canon, "fast", workload, start, end, chain, migrations, area, area_w, warmup_jobs)
 
@@ -271,7 +273,7 @@ def simulate(rates: Sequence[float], capacities: Sequence[int], workload: Worklo
         raise ValueError(f"simulate: engine must be 'auto', 'fast' or 'general', got {engine!r}")
     canon = canonical_name(policy)
     if engine != "general" and canon in FAST_POLICIES:
-        if kernels.HAVE_NUMBA:
+        if HAVE_NUMBA:
             return run_fast(canon, rates, capacities, workload, rng, warmup_jobs)
         if engine == "fast":
             warnings.warn("numba is not installed: using the general (pure Python) engine", RuntimeWarning,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain.data.azure import Trace
+from petals_chain.kernels.poisson import poisson_jobs
 
 
 
@@ -67,9 +68,7 @@ def poisson_workload(arrival_rate_per_s: float, n_jobs: int, rng: np.random.Gene
         raise ValueError(f"poisson_workload: arrival_rate_per_s must be > 0, got {arrival_rate_per_s!r}")
     if n_jobs < 1:
         raise ValueError(f"poisson_workload: n_jobs must be >= 1, got {n_jobs!r}")
-    gaps = rng.exponential(1.0 / arrival_rate_per_s, n_jobs)
-    sizes = rng.exponential(1.0, n_jobs)
-    return Workload(np.cumsum(gaps), sizes)
+    return Workload(*poisson_jobs(arrival_rate_per_s, n_jobs, rng))
 
 
 def per_block_time_s(input_tokens: np.ndarray | float, output_tokens: np.ndarray | float, *, t_o_s: float,

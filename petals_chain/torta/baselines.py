@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.torta.cluster import Cluster
+from petals_chain.torta.cluster_sim import Cluster
 from petals_chain.torta.micro import greedy_score
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.cluster_sim import Scenario
 from petals_chain.torta.episode import Forecast, macro_plan, observation
 from petals_chain.torta.metrics import switching_cost
 from petals_chain.torta.transport import cost_matrix, row_normalise

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain.torta import baselines
-from petals_chain.torta.cluster import Cluster, Scenario
+from petals_chain.torta.cluster_sim import Cluster, Scenario
 from petals_chain.torta.metrics import horizon_load_balance, slot_load_balance, switching_cost
 from petals_chain.torta.micro import pool_target, reactive_target
 from petals_chain.torta.params import TortaParams

@@ -2,15 +2,15 @@
 same workload as a seeded :class:`Scenario`, on which the PPO policy for the live swarm is trained.
 
 docs/torta.md, "On the swarm: regions". ``torta-live`` replays :func:`arrivals` on real servers; the trainer
-(``python -m petals_chain.torta.train --topology live3``) runs the fluid model of the same regions, slot length,
-server slots and arrivals (other seeds), with the live macro layer's moving-average forecast.
+(``python -m petals_chain.experiments.torta_train --topology live3``) runs the fluid model of the same regions,
+slot length, server slots and arrivals (other seeds), with the live macro layer's moving-average forecast.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.cluster_sim import Scenario
 from petals_chain.torta.params import QUICK_TRAINING, TortaParams
 from petals_chain.torta.regional import FORECAST_SLOTS, LIVE_PARAMS, moving_average
 from petals_chain.torta.topology import Regions

@@ -1,15 +1,12 @@
-"""Training of the macro policy with PPO on the fluid environment; CLI with --seed, progress, checkpoints, curve.
+"""Training of the macro policy with PPO on the fluid environment: seeded, with progress, checkpoints and a curve.
 
-``python -m petals_chain.torta.train --topology abilene [--episodes N] [--quick] [--seed S] [--out DIR]``
-writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt; ``--topology
-live3`` trains for the live demo's regions (``petals_chain.torta.live``).
-docs/torta.md, "Macro layer: PPO".
+:func:`train` returns the policy and one learning-curve row per episode; :func:`load_policy` restores a
+checkpoint. The command line that trains one topology and writes the curve's CSV and PNG is
+:mod:`petals_chain.experiments.torta_train`. docs/torta.md, "Macro layer: PPO".
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from petals_chain.torta.cluster import Scenario
+from petals_chain.torta.cluster_sim import Scenario
 from petals_chain.torta.env import FluidMacroEnv
 from petals_chain.torta.episode import Forecast
 from petals_chain.torta.ppo import BetaPolicy, ValueNet, anchor_of, gae, ppo_update, schedule
@@ -158,61 +155,3 @@ def load_policy(path: Path, obs_dim: int) -> BetaPolicy:
                         hidden=tuple(state["hidden"]))
     policy.load_state_dict(state["policy"])
     return policy
-
-
-def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
-    """Learning curve PNG: mean reward, OT distance and switching per episode."""
-    from petals_chain.experiments.common import plt
-
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, 3, figsize=(13, 3.6))
-    ep = [r["episode"] for r in curve]
-    for ax, key, label in zip(axes, ("mean_reward", "ot_distance", "switching"),
-                              ("mean reward per slot", "‖A − Prob‖_F (sampled)", "‖A_t − A_{t−1}‖²_F")):
-        ax.plot(ep, [r[key] for r in curve])
-        ax.set_xlabel("episode")
-        ax.set_ylabel(label)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: train on one topology's scenario and write the curve and checkpoints."""
-    from petals_chain.experiments.common import REPO, write_csv
-    from petals_chain.torta.episode import make_scenario, oracle_forecast
-    from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
-    from petals_chain.torta import live
-    from petals_chain.torta.topology import TOPOHUB_KEYS
-
-    ap = argparse.ArgumentParser(prog="python -m petals_chain.torta.train", description=__doc__)
-    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS) + [live.TOPOLOGY],
-                    help=f"a topohub network, or {live.TOPOLOGY}: the live demo's three regions (torta-live)")
-    ap.add_argument("--episodes", type=int, default=None)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-ot", action="store_true", help="the RL-without-OT ablation")
-    ap.add_argument("--out", type=Path, default=REPO / "results")
-    args = ap.parse_args(argv)
-    episodes = args.episodes if args.episodes is not None else (15 if args.quick else 150)
-    if episodes < 1:
-        print("error: --episodes must be >= 1", file=sys.stderr)
-        return 2
-    params = QUICK_TRAINING if args.quick else DEFAULT
-    if args.topology == live.TOPOLOGY:  # the live arrivals (other seeds) with the live moving-average forecast
-        scenarios, forecast = live.training_scenarios(args.seed), live.live_forecast
-    else:
-        slots = 32 if args.quick else DEFAULT.slots
-        scenarios, forecast = [make_scenario(args.topology, params, args.seed, slots)], oracle_forecast
-    res = train(scenarios, forecast, episodes, args.seed, use_ot=not args.no_ot,
-                checkpoint_dir=args.out / "checkpoints")
-    name = f"torta-train-{args.topology}"
-    write_csv(args.out / f"{name}.csv", res.curve)
-    plot_curve(res.curve, args.out / f"{name}.png", f"PPO on {args.topology} (seed {args.seed})")
-    print(f"{name}: reward {res.curve[0]['mean_reward']:.3f} -> {res.curve[-1]['mean_reward']:.3f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from petals_chain.compose.cluster import load_cluster, parse_cluster
+from petals_chain.compose.cluster_file import load_cluster, parse_cluster
 from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.tuning import compose, tune_c
 from petals_chain.compose.whole_model import whole_model_composition

@@ -100,7 +100,7 @@ def test_baselines_respect_memory_on_random_clusters():
 def test_petals_capped_as_the_authors_modelled_it():
     """The authors' PETALS: low-end spans ≤ 4 blocks, so J = 10, η = 0.1 (1 high + 9 low) cannot hold BLOOM-176B,
     while PETALS sizing spans from memory can; high-end spans are not capped."""
-    from petals_chain.compose.methods import METHODS
+    from petals_chain.compose.method_table import METHODS
     from petals_chain.compose.petals_default import AUTHORS_LOW_END_SPAN
     from petals_chain.experiments.paper import model
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from petals_chain.compose.cluster import load_cluster, parse_cluster
+from petals_chain.compose.cluster_file import load_cluster, parse_cluster
 from petals_chain.model import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import yaml
 
-from petals_chain.compose.methods import METHODS, Method, Routing, get_method, live_method, method_names
+from petals_chain.compose.method_table import METHODS, Method, Routing, get_method, live_method, method_names
 from petals_chain.launch.live_methods import LiveMethod, plan_method
 from petals_chain.launch.live_setup import FittedServer
 from petals_chain.model import ModelSpec, ServerSpec, SpecError
 from petals_chain.orchestrator.cli import build_orchestrator, parse_args
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
-from petals_chain.sim.methods import build_system, simulate_system
+from petals_chain.sim.systems import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
 
 REPO = Path(__file__).resolve().parents[2]

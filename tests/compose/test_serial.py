@@ -129,7 +129,7 @@ def test_the_paper_model_overestimates_the_testbeds_closed_loop_probe(stem):
 
 
 def test_cluster_files_carry_sigma_and_refuse_it_outside_zero_to_one():
-    from petals_chain.compose.cluster import parse_cluster
+    from petals_chain.compose.cluster_file import parse_cluster
 
     doc = {"model": {"blocks": 30, "block_size": "14.16 MB", "cache_size": "1.17 MB"}, "load": {"arrival_rate": 0.2},
            "servers": [{"name": "s0", "memory": "1.3 GB", "tau_c": "2 s", "tau_p": "0.1 s", "serial_fraction": 1},

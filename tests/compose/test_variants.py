@@ -13,7 +13,7 @@ from petals_chain.analysis.estimate import jffc_mean_estimate
 from petals_chain.cli import main
 from petals_chain.compose.gbp_cr import gbp_cr_detail
 from petals_chain.compose.memory import memory_violations
-from petals_chain.compose.methods import METHODS, get_method
+from petals_chain.compose.method_table import METHODS, get_method
 from petals_chain.model import InfeasibleError, ModelSpec, ServerSpec, SpecError
 from tests.conftest import random_servers, worked_example
 

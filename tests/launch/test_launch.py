@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from petals_chain.compose.cluster import load_cluster
+from petals_chain.compose.cluster_file import load_cluster
 from petals_chain.launch import emulate, latency, mig, mig_profiles, mig_smi, netns, state
 from petals_chain.launch.launcher import Launch, host_addresses
 from petals_chain.launch.testbed import TestbedError, load_testbed, parse_testbed

@@ -2,7 +2,7 @@
 session moves at a step boundary by the mode the adaptive division picks (KV transfer for SmolLM2 with the default
 options), and its output stays local greedy decoding's, token for token.
 
-Three SmolLM2-135M servers under an orchestrator with ``--migration jffc`` and c = 1 (bench/mell_live.py's plans):
+Three SmolLM2-135M servers under an orchestrator with ``--migration jffc`` and c = 1 (experiments/mell_live.py's plans):
 ``whole`` holds all 30 blocks (the fast chain), ``first`` and ``second`` half each (the slow chain), so a move
 between the chains takes each new span's cache from servers that cut the blocks elsewhere. In order:
 
@@ -43,7 +43,7 @@ def kswarm(tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator (JFFC with migration) + whole (0:30), first and second (15 blocks each), c = 1."""
     if not (SMOLLM2 / "model.safetensors").is_file():
         pytest.fail(f"{SMOLLM2} is missing: run scripts/prepare_model.sh")
-    from petals_chain.bench.mell_live import server_plans
+    from petals_chain.experiments.mell_live import server_plans
     from petals_chain.checkpoint.sizing import block_sizes
 
     plans = server_plans(block_sizes(SMOLLM2, "float32", MAX_LENGTH))

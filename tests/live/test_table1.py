@@ -26,7 +26,7 @@ from petals_chain.experiments.replay import (
 )
 from petals_chain.experiments.table1 import check_inputs, main
 from petals_chain.launch import state
-from petals_chain.compose.methods import METHODS
+from petals_chain.compose.method_table import METHODS
 from petals_chain.launch.live_methods import petals_num_blocks, petals_throughput_cache
 from petals_chain.model import InfeasibleError, ModelSpec, ServerSpec
 from petals_chain.data.azure import Trace
@@ -288,7 +288,7 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
     from petals_chain.launch.live_methods import LiveMethod
     from petals_chain.launch.live_setup import FittedServer, model_setup
     from petals_chain.launch.profile_fit import ProfileGrid, fit_server
-    from petals_chain.launch.profiler import LiveProfiler
+    from petals_chain.launch.profile_live import LiveProfiler
     from petals_chain.launch.testbed import load_testbed
     from petals_chain.loopback.swarm import write_tiny_llama
 

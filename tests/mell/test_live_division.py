@@ -6,7 +6,7 @@ import csv
 from pathlib import Path
 
 from petals_chain.bench import mell as bench_mell
-from petals_chain.bench.mell_live import DowntimeRow, division_check, kv_bytes_per_token
+from petals_chain.experiments.mell_live import DowntimeRow, division_check, kv_bytes_per_token
 
 PER_TOKEN = 46_080  # SmolLM2-135M, float32, 30 blocks
 

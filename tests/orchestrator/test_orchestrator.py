@@ -581,7 +581,7 @@ def test_pinned_servers_keep_the_planned_times_and_bad_figures_are_still_refused
 def test_a_pinned_serial_fraction_reaches_the_composition() -> None:
     """σ comes with the pinned times from the cluster file (a server does not report it): the server's whole-model
     chain keeps the 2 slots it can run one at a time, not the 10 its memory holds; the API shows σ."""
-    from petals_chain.compose.methods import METHODS
+    from petals_chain.compose.method_table import METHODS
     from petals_chain.model import ServerSpec
 
     async def body() -> None:

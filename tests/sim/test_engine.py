@@ -10,7 +10,7 @@ import pytest
 from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.dispatch import POLICY_NAMES, JFFCMigration, Start, make_policy
 from petals_chain.sim.engine import SimResult, SimulationError, run_general, simulate
-from petals_chain.sim.kernels import HAVE_NUMBA
+from petals_chain.kernels.jit import HAVE_NUMBA
 from petals_chain.sim.montecarlo import PoissonPolicyRun, confidence_interval, run_replications
 from petals_chain.sim.workloads import TokenServiceModel, Trace, Workload, poisson_workload, trace_workload
 

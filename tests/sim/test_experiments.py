@@ -175,7 +175,7 @@ def test_fig8_cells_run_with_their_whole_grid_seeds(tmp_path, monkeypatch, capsy
 
 @pytest.mark.data
 def test_fig8_methods_recomputes_only_those_columns(tmp_path, monkeypatch, capsys):
-    from petals_chain.compose.methods import METHODS
+    from petals_chain.compose.method_table import METHODS
     from petals_chain.experiments import fig8_overall as fig8
 
     monkeypatch.setattr(fig8, "QUICK", {"Js": (40,), "etas": (0.4,), "runs": 2, "n_jobs": 400})

@@ -14,7 +14,7 @@ from petals_chain.experiments.fig8_overall import Fig8Run, aggregate, reductions
 from petals_chain.experiments.paper import draw_cluster, model
 from petals_chain.model import InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError
 from petals_chain.sim.baselines import backoff_s, cache_use_peaks, simulate_bprr, simulate_petals
-from petals_chain.sim.methods import build_system, run_method, simulate_system
+from petals_chain.sim.systems import build_system, run_method, simulate_system
 from petals_chain.sim.workloads import Workload, poisson_workload
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from petals_chain.orchestrator.regions_cli import build, parse_args
 from petals_chain.torta import live
 from petals_chain.torta.regional import FORECAST_SLOTS, RegionLoad
-from petals_chain.torta.train import main as train_main
+from petals_chain.experiments.torta_train import main as train_main
 
 
 def test_live_scenario_is_the_replayed_workload() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from petals_chain.torta.baselines import greedy_in_region
-from petals_chain.torta.cluster import Cluster
+from petals_chain.torta.cluster_sim import Cluster
 from petals_chain.torta.episode import METHODS, make_scenario, oracle_forecast, run_episode
 from petals_chain.torta.metrics import horizon_load_balance, slot_load_balance
 from petals_chain.torta.micro import pool_target, reactive_target

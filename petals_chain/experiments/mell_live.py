@@ -224,7 +224,7 @@ def measure_capped(lengths: tuple[int, ...], cap_mbit: float, log_dir: Path, see
             "burst", "256kb", "latency", "100ms")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "rows.json"
-            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "petals_chain.bench.mell_live",
+            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "petals_chain.experiments.mell_live",
                    "--lengths", ",".join(map(str, lengths)), "--link", f"tbf {cap_mbit:g} Mbit/s",
                    "--log-dir", str(log_dir), "--seed", str(seed), "--json-out", str(out)]
             done = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -301,7 +301,7 @@ def _main(argv: list[str] | None = None) -> int:
     """Worker entry (run inside the namespace by measure_capped): measure and write the rows as JSON."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m petals_chain.bench.mell_live")
+    ap = argparse.ArgumentParser(prog="python -m petals_chain.experiments.mell_live")
     ap.add_argument("--lengths", required=True)
     ap.add_argument("--link", required=True)
     ap.add_argument("--log-dir", type=Path, required=True)

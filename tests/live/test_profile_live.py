@@ -152,7 +152,7 @@ def test_profile_json_round_trip_and_errors(tmp_path: Path) -> None:
 
 def test_outputs_give_a_cluster_the_composer_accepts(tmp_path: Path) -> None:
     """write_outputs: CSV, JSON, PNG, and a cluster file whose τ are the fitted ones for the profile's job."""
-    from petals_chain.compose.cluster import load_cluster
+    from petals_chain.compose.cluster_file import load_cluster
     from petals_chain.compose.tuning import compose
     from petals_chain.launch.live_setup import ModelSetup
     from petals_chain.launch.profile_results import write_outputs

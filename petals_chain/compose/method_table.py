@@ -1,6 +1,6 @@
 """The serving methods, defined once: what each places, how its requests are routed, what it is called.
 
-The simulator (:mod:`petals_chain.sim.methods`), the orchestrator (``--method``), the live testbed
+The simulator (:mod:`petals_chain.sim.systems`), the orchestrator (``--method``), the live testbed
 (:mod:`petals_chain.launch.live_methods`) and the experiments all read :data:`METHODS`. A method is a
 composer (placement, and chains where it has fixed ones) plus the way requests reach servers:
 

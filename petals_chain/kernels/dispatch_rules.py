@@ -1,13 +1,15 @@
 """The decision rules of the chain dispatch policies, written once as numba functions over arrays.
 
-Both users call these same functions: the policy classes of this package (the live orchestrator's JFFC and
-the simulator's general engine, one event at a time, through numba's dispatcher) and the simulator's numba
-kernels (:mod:`petals_chain.sim.kernels`, compiled calls inside their event loops). What stays outside is
-bookkeeping that is not a decision: queues of job ids, resident lists, the departure heap and the clock.
+Both users call these same functions: the policy classes of :mod:`petals_chain.dispatch` (the live
+orchestrator's JFFC and the simulator's general engine, one event at a time, through numba's dispatcher) and the
+chain simulator's numba kernels (:mod:`petals_chain.kernels.chain_sim`, compiled calls inside their event loops).
+What stays outside is bookkeeping that is not a decision: queues of job ids, resident lists, the departure heap
+and the clock. They sit in this low-level package, not in ``dispatch/``, because the recomposition's mean
+estimate runs the JFFC kernel below ``compose/``, which ``dispatch/`` builds on.
 
 State, per chain k (chains indexed as given to a policy): ``busy[k]`` jobs in service, ``caps[k]`` = c_k,
 ``rates[k]`` = μ_k; ``by_rank`` lists the chains fastest first (ties by index) and ``rank_of`` inverts it;
-JFFC's chains with a free slot are the int min-heap ``free[:nfree]`` of their ranks; ``qlen[k]`` is the
+JFFC's chains with a free slot are the int min-heap ``free[:nfree]`` of their ranks (:mod:`.heap`); ``qlen[k]`` is the
 length of chain k's own FIFO queue (per-chain policies).
 """
 
@@ -15,19 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-try:
-    from numba import njit
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    HAVE_NUMBA = False
-
-    def njit(*args, **kwargs):  # type: ignore[no-redef]
-        """Stand-in decorator: return the function unchanged."""
-        if args and callable(args[0]):
-            return args[0]
-        return lambda fn: fn
-
+from petals_chain.kernels.heap import iheap_pop, iheap_push
+from petals_chain.kernels.jit import njit
 
 JSQ_CODE, SA_JSQ_CODE, SED_CODE, JIQ_CODE = 1, 2, 3, 4
 PER_CHAIN_CODES = {"JSQ": JSQ_CODE, "SA-JSQ": SA_JSQ_CODE, "SED": SED_CODE, "JIQ": JIQ_CODE}
@@ -39,45 +30,6 @@ def speed_order(rates) -> tuple[np.ndarray, np.ndarray]:
     rank_of = np.empty_like(by_rank)
     rank_of[by_rank] = np.arange(by_rank.size, dtype=np.int64)
     return by_rank, rank_of
-
-
-# ---- int min-heap ---------------------------------------------------------------------------------------------
-
-
-@njit(cache=True)
-def iheap_push(a, size, v):
-    """Push int ``v`` onto the min-heap ``a[:size]``; return the new size."""
-    pos = size
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        if a[parent] <= v:
-            break
-        a[pos] = a[parent]
-        pos = parent
-    a[pos] = v
-    return size + 1
-
-
-@njit(cache=True)
-def iheap_pop(a, size):
-    """Remove the minimum of the int min-heap ``a[:size]``; return the new size."""
-    size -= 1
-    v = a[size]
-    pos = 0
-    while True:
-        child = 2 * pos + 1
-        if child >= size:
-            break
-        if child + 1 < size and a[child + 1] < a[child]:
-            child += 1
-        if a[child] < v:
-            a[pos] = a[child]
-            pos = child
-        else:
-            break
-    if size > 0:
-        a[pos] = v
-    return size
 
 
 # ---- JFFC -------------------------------------------------------------------------------------------------------

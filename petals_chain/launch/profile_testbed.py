@@ -1,12 +1,12 @@
-"""``python -m petals_chain.launch.profile TESTBED.yaml [--quick]``: profile servers live, fit τ, plot, write a cluster.
+"""Profile a testbed's servers live, fit τ, plot, write a cluster: the command that drives the profiling run.
 
-Brings the testbed up (namespaces, delays), starts a whole-model PETALS server per testbed server,
-times prefill and decode steps over several block counts, input and output lengths (one server at
-a time), fits the paper's model (:mod:`petals_chain.launch.profile_fit`), probes the testbed's
-capacity with closed-loop jobs, and writes ``OUT/STEM.json``, ``OUT/STEM_samples.csv``,
-``OUT/STEM.png`` (measured vs model, paper Figs 9-10) and ``OUT/STEM_cluster.yaml`` (the fitted τ
-for the composer: ``python -m petals_chain compose OUT/STEM_cluster.yaml``). Everything is torn
-down at the end. Exit codes: 0 done, 2 bad input or the testbed could not be brought up.
+``python -m petals_chain.launch.profile_testbed TESTBED.yaml [--quick]`` brings the testbed up (namespaces,
+delays), starts a whole-model PETALS server per testbed server, times prefill and decode steps over several block
+counts, input and output lengths (one server at a time, :mod:`petals_chain.launch.profile_live`), fits the
+paper's model (:mod:`petals_chain.launch.profile_fit`), probes the testbed's capacity with closed-loop jobs, and
+writes ``OUT/STEM.json``, ``OUT/STEM_samples.csv``, ``OUT/STEM.png`` (measured vs model, paper Figs 9-10) and
+``OUT/STEM_cluster.yaml`` (the fitted τ for the composer: ``python -m petals_chain compose OUT/STEM_cluster.yaml``).
+Everything is torn down at the end. Exit codes: 0 done, 2 bad input or the testbed could not be brought up.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from petals_chain.launch.testbed import REPO_ROOT, TestbedError, load_testbed
+from petals_chain.launch.testbed import TestbedError, load_testbed
+from petals_chain.launch.testbed_format import REPO_ROOT
 from petals_chain.model import SpecError
 
 DEFAULT_JOB = (64, 24)  # τ are written for this job (≈ the Table 1 replay's mean scaled job)
@@ -30,7 +31,8 @@ DEFAULT_JOB = (64, 24)  # τ are written for this job (≈ the Table 1 replay's 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(prog="python -m petals_chain.launch.profile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m petals_chain.launch.profile_testbed",
+                                description=__doc__.splitlines()[0])
     p.add_argument("testbed", help="testbed YAML (docs/testbed.md)")
     p.add_argument("--quick", action="store_true", help="fewer jobs per server and a shorter capacity probe")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "profile", help="output folder")
@@ -54,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from petals_chain.launch.swarm_procs import MethodError
     from petals_chain.launch.profile_fit import FULL_GRID, QUICK_GRID, fit_server
     from petals_chain.launch.profile_results import Profile, write_outputs
-    from petals_chain.launch.profiler import LiveProfiler
+    from petals_chain.launch.profile_live import LiveProfiler
 
     try:
         tb = load_testbed(args.testbed)
@@ -114,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for n in names}
         profile = Profile(tb.name, setup.name, setup.num_blocks, setup.max_length, fits, cap, job,
                           datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                          "python -m petals_chain.launch.profile " + " ".join(shlex.quote(a) for a in
+                          "python -m petals_chain.launch.profile_testbed " + " ".join(shlex.quote(a) for a in
                                                                               (argv or sys.argv[1:])))
         paths = write_outputs(args.out, stem, profile, samples, setup, {n: servers[n].memory_bytes for n in names},
                               grid)

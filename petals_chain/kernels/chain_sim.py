@@ -1,16 +1,19 @@
-"""numba kernels: the simulator's fast path, event for event the same as the general engine.
+"""The chain simulator's numba event loops, event for event the same as the general engine.
 
 Two kernels: one for central-queue policies (JFFC, JFFC with migration) and one
-for per-chain FCFS policies (JSQ, SA-JSQ, SED, JIQ). Departures live in a binary
-heap keyed by (time, sequence number), arrivals are read in order, and a
-departure at the same instant as an arrival is processed first, exactly as in
-:func:`petals_chain.sim.engine.run_general`. Without numba the functions are
-plain Python (correct but slow); the engine then prefers the general engine.
+for per-chain FCFS policies (JSQ, SA-JSQ, SED, JIQ). Departures live in the
+departure heap of :mod:`petals_chain.kernels.heap`, keyed by (time, sequence
+number), arrivals are read in order, and a departure at the same instant as an
+arrival is processed first, exactly as in :func:`petals_chain.sim.engine.run_general`.
+Without numba the functions are plain Python (correct but slow); the simulator
+then prefers its general engine. Two callers: the simulator's fast path
+(:func:`petals_chain.sim.engine.run_fast`) and the recomposition's mean estimate
+(:mod:`petals_chain.analysis.estimate`), which runs JFFC here directly.
 
 The kernels hold no dispatch policy of their own: every decision (which chain an
 arrival takes, whether a freed slot is offered again, which job migrates, which
 chain a per-chain policy joins) is a call to the same numba function of
-:mod:`petals_chain.dispatch.rules` that the policy classes of
+:mod:`petals_chain.kernels.dispatch_rules` that the policy classes of
 :mod:`petals_chain.dispatch` call one event at a time, and numba compiles those
 calls inline here. What the kernels add is only the event loop: the departure
 heap, the queues as arrays, resident lists for migration, the clock and ∫N dt.
@@ -29,85 +32,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.dispatch.rules import (
-    HAVE_NUMBA,
-    PER_CHAIN_CODES,
+from petals_chain.kernels.dispatch_rules import (
     fastest_free,
     jffc_arrival,
     jffc_release,
     migration_source,
-    njit,
     per_chain_choice,
 )
+from petals_chain.kernels.heap import heap_grow, heap_pop, heap_push
+from petals_chain.kernels.jit import njit
 
-__all__ = ["HAVE_NUMBA", "POLICY_CODES", "central_kernel", "per_chain_kernel"]
-
-POLICY_CODES = PER_CHAIN_CODES
-
-
-@njit(cache=True)
-def _heap_push(ht, hp, size, t, seq, job, chain):
-    """Push (t, seq, job, chain) onto the departure heap of ``size`` entries; return the new size."""
-    pos = size
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        pt = ht[parent]
-        if pt < t or (pt == t and hp[parent, 0] < seq):
-            break
-        ht[pos] = pt
-        hp[pos, 0] = hp[parent, 0]
-        hp[pos, 1] = hp[parent, 1]
-        hp[pos, 2] = hp[parent, 2]
-        pos = parent
-    ht[pos] = t
-    hp[pos, 0] = seq
-    hp[pos, 1] = job
-    hp[pos, 2] = chain
-    return size + 1
-
-
-@njit(cache=True)
-def _heap_pop(ht, hp, size):
-    """Remove the root of the departure heap (read it first); return the new size."""
-    size -= 1
-    if size == 0:
-        return 0
-    t = ht[size]
-    s = hp[size, 0]
-    j = hp[size, 1]
-    k = hp[size, 2]
-    pos = 0
-    while True:
-        child = 2 * pos + 1
-        if child >= size:
-            break
-        right = child + 1
-        if right < size and (ht[right] < ht[child] or (ht[right] == ht[child] and hp[right, 0] < hp[child, 0])):
-            child = right
-        if ht[child] < t or (ht[child] == t and hp[child, 0] < s):
-            ht[pos] = ht[child]
-            hp[pos, 0] = hp[child, 0]
-            hp[pos, 1] = hp[child, 1]
-            hp[pos, 2] = hp[child, 2]
-            pos = child
-        else:
-            break
-    ht[pos] = t
-    hp[pos, 0] = s
-    hp[pos, 1] = j
-    hp[pos, 2] = k
-    return size
-
-
-@njit(cache=True)
-def _grow(ht, hp):
-    """Double the departure heap's storage."""
-    n = ht.shape[0]
-    ht2 = np.empty(2 * n, np.float64)
-    hp2 = np.empty((2 * n, 3), np.int64)
-    ht2[:n] = ht
-    hp2[:n] = hp
-    return ht2, hp2
+__all__ = ["central_kernel", "per_chain_kernel"]
 
 
 @njit(cache=True)
@@ -155,7 +90,7 @@ def central_kernel(arrival, size, svc, use_svc, rates, caps, by_rank, migrate, w
             s0 = hp[0, 0]
             j = hp[0, 1]
             k = hp[0, 2]
-            hs = _heap_pop(ht, hp, hs)
+            hs = heap_pop(ht, hp, hs)
             if s0 != cur[j]:
                 continue  # stale: the job migrated after this departure was scheduled
             area += in_sys * (t - t_last)
@@ -179,8 +114,8 @@ def central_kernel(arrival, size, svc, use_svc, rates, caps, by_rank, migrate, w
                 seg[nj] = t
                 dur = svc[nj, k] if use_svc else size[nj] / rates[k]
                 if hs == ht.shape[0]:
-                    ht, hp = _grow(ht, hp)
-                hs = _heap_push(ht, hp, hs, t + dur, seq, nj, k)
+                    ht, hp = heap_grow(ht, hp)
+                hs = heap_push(ht, hp, hs, t + dur, seq, nj, k)
                 cur[nj] = seq
                 seq += 1
                 if migrate:
@@ -219,8 +154,8 @@ def central_kernel(arrival, size, svc, use_svc, rates, caps, by_rank, migrate, w
                     nmig[m] += 1
                     chain[m] = k
                     if hs == ht.shape[0]:
-                        ht, hp = _grow(ht, hp)
-                    hs = _heap_push(ht, hp, hs, t + left / rates[k], seq, m, k)
+                        ht, hp = heap_grow(ht, hp)
+                    hs = heap_push(ht, hp, hs, t + left / rates[k], seq, m, k)
                     cur[m] = seq
                     seq += 1
         else:
@@ -245,8 +180,8 @@ def central_kernel(arrival, size, svc, use_svc, rates, caps, by_rank, migrate, w
                 seg[j] = t
                 dur = svc[j, k] if use_svc else size[j] / rates[k]
                 if hs == ht.shape[0]:
-                    ht, hp = _grow(ht, hp)
-                hs = _heap_push(ht, hp, hs, t + dur, seq, j, k)
+                    ht, hp = heap_grow(ht, hp)
+                hs = heap_push(ht, hp, hs, t + dur, seq, j, k)
                 cur[j] = seq
                 seq += 1
                 if migrate:
@@ -294,7 +229,7 @@ def per_chain_kernel(arrival, size, svc, use_svc, rates, caps, code, u, warm):
             t = ht[0]
             j = hp[0, 1]
             k = hp[0, 2]
-            hs = _heap_pop(ht, hp, hs)
+            hs = heap_pop(ht, hp, hs)
             area += in_sys * (t - t_last)
             t_last = t
             in_sys -= 1
@@ -309,8 +244,8 @@ def per_chain_kernel(arrival, size, svc, use_svc, rates, caps, code, u, warm):
                 chain[nj] = k
                 dur = svc[nj, k] if use_svc else size[nj] / rates[k]
                 if hs == ht.shape[0]:
-                    ht, hp = _grow(ht, hp)
-                hs = _heap_push(ht, hp, hs, t + dur, seq, nj, k)
+                    ht, hp = heap_grow(ht, hp)
+                hs = heap_push(ht, hp, hs, t + dur, seq, nj, k)
                 seq += 1
             else:
                 busy[k] -= 1
@@ -330,8 +265,8 @@ def per_chain_kernel(arrival, size, svc, use_svc, rates, caps, code, u, warm):
                 chain[j] = k
                 dur = svc[j, k] if use_svc else size[j] / rates[k]
                 if hs == ht.shape[0]:
-                    ht, hp = _grow(ht, hp)
-                hs = _heap_push(ht, hp, hs, t + dur, seq, j, k)
+                    ht, hp = heap_grow(ht, hp)
+                hs = heap_push(ht, hp, hs, t + dur, seq, j, k)
                 seq += 1
             else:
                 if qlen[k] == 0:

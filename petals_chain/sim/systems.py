@@ -1,7 +1,7 @@
 """The serving methods of the overall comparison (paper §4.1.3; docs/model.md, "Baselines"), simulated alike.
 
 Which methods there are, how each places blocks and routes requests, is the table
-:data:`petals_chain.compose.methods.METHODS`; this module turns an entry into a simulated system:
+:data:`petals_chain.compose.method_table.METHODS`; this module turns an entry into a simulated system:
 fixed chains under JFFC, PETALS' per-request routing with backoff, or BPRR's WS-RR routing
 (:mod:`.baselines`) with the job sizes the scheduler believes (``estimate``).
 :func:`build_system` + :func:`simulate_system` split building from simulating; :func:`run_method`
@@ -16,7 +16,7 @@ from typing import Any
 
 from petals_chain import defaults
 from petals_chain.compose.capacity import cache_slots
-from petals_chain.compose.methods import Method, Routing, get_method
+from petals_chain.compose.method_table import Method, Routing, get_method
 from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
 from petals_chain.compose.routes import RouteGraph
 from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
