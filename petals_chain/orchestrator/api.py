@@ -53,7 +53,6 @@ from petals_chain.orchestrator.migration import (
 )
 from petals_chain.orchestrator.leases import LeaseTimeoutError, QueueFullError, UnknownLeaseError
 from petals_chain.orchestrator.suspects import RateLimitedError
-from petals_chain.orchestrator.trust import Trust
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 
 log = logging.getLogger(__name__)
@@ -122,8 +121,8 @@ def _durable_middleware(orch: Orchestrator) -> Callable:
     @web.middleware
     async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
         resp = await handler(request)
-        if orch.durable is not None:
-            await orch.durable()
+        if orch.state is not None:
+            await orch.state.durable()
         return resp
 
     return middleware
@@ -238,8 +237,7 @@ async def _register(request: web.Request) -> web.Response:
     body = await bodies.read(request, bodies.RegisterBody)
     known = orch.registry.servers.get(body.name)
     guard.check_reregistration(request, body.name, known is not None and known.alive)
-    if orch.trust is not None:
-        orch.trust.admit(body)
+    orch.trust.admit(body)
     same = known is not None and known.alive and guard.secrets.matches(body.name, request.headers.get(SECRET_HEADER))
     rec = await orch.register(body)
     reply = _server_reply(orch, rec)
@@ -301,7 +299,7 @@ async def _cordon(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await bodies.read(request, bodies.CordonBody, required=False)
     name = check_name(request.match_info["name"])
-    trust = orch.trust if orch.trust is not None else Trust(orch)
+    trust = orch.trust
     if body.resume:
         trust.uncordon(name)
     else:
@@ -467,7 +465,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""
         app[SWEEPER_KEY] = asyncio.create_task(orch.run_sweeper(sweep_interval_s))
-        if orch.trust is not None and orch.trust.verifier is not None:
+        if orch.trust.verifier is not None:
             app[VERIFIER_KEY] = asyncio.create_task(orch.trust.run())
 
     async def stop_sweeper(app: web.Application) -> None:

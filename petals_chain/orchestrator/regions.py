@@ -65,7 +65,8 @@ class RegionalOrchestrator:
     """Orchestrators per region behind the macro layer; every method is called on the event loop."""
 
     def __init__(self, regions: Mapping[str, Orchestrator], macro: RegionalMacro, *, policy: str = "torta",
-                 clock: Callable[[], float] = time.monotonic, anchors: Mapping[str, str] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, anchors: Mapping[str, str] | None = None,
+                 dht_info: Mapping[str, Any] | None = None) -> None:
         if list(regions) != macro.names:
             raise RegionError(f"regions: {list(regions)} differ from the macro layer's {macro.names}")
         self.regions = dict(regions)
@@ -73,7 +74,7 @@ class RegionalOrchestrator:
         self.policy = self.check_policy(policy)
         self.clock = clock
         self.http_errors: dict[int, int] = {}  # the API's error middleware counts here
-        self.dht_info: dict[str, Any] | None = None
+        self.dht_info: dict[str, Any] | None = dict(dht_info) if dht_info is not None else None  # the DHT it runs
         self.lease_region: dict[str, tuple[str, str]] = {}  # lease id -> (region, origin)
         self.decisions: list[Decision] = []
         self.plans: list[dict[str, Any]] = []  # one row per slot: slot, plan, forecast, queue, capacity
