@@ -344,7 +344,7 @@ async def _renew(request: web.Request) -> web.Response:
     if orch.widths is not None:
         orch.widths.renew(lease.lease_id)  # the width may be cut back while units are over-committed
     reply = orch.lease_json(lease)
-    target = orch.leases.offer(lease.lease_id) if hasattr(orch.leases, "offer") else None
+    target = orch.leases.offer(lease.lease_id) if orch.leases.capabilities.moves_sessions else None
     if target is not None:  # a move was decided: the holder moves at its next step boundary
         reply["migrate_to"] = orch.lease_json(target)
     return _json(reply)
@@ -393,7 +393,7 @@ async def _width(request: web.Request) -> web.Response:
 
 def _moving(orch: Orchestrator) -> MigratingLeaseManager:
     """The orchestrator's lease manager if it moves sessions, else a 400."""
-    if not isinstance(orch.leases, MigratingLeaseManager):
+    if not orch.leases.capabilities.moves_sessions:
         raise BadRequestError(f"this orchestrator's lease manager ({type(orch.leases).__name__}) cannot move "
                               "sessions")
     return orch.leases

@@ -106,9 +106,7 @@ class Orchestrator:
         version = self.registry.apply(composition, error)
         self._composed = chain_infos(composition, version) if composition is not None else []
         self._offer(force=True)
-        hook = getattr(self.leases, "set_composition", None)  # a lease manager that routes over the placement
-        if hook is not None:
-            hook(composition, version)
+        self.leases.set_composition(composition, version)  # used by a manager that routes over the placement
         self.recompositions += 1
         if self.state is not None:
             self.state.on_change()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -28,8 +28,9 @@ from petals_chain.mell.hybrid import Mode
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.bodies import Body, NonNegativeSeconds
 from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.lease_policy import LeaseCapabilities
 from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter
-from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
+from petals_chain.orchestrator.packing import PACKERS, packing_policy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)
@@ -94,6 +95,8 @@ class MigrationCounters:
 
 class MigratingLeaseManager(LeaseManager):
     """JFFC leases plus moves between chains: JFFC with migration (optional) and drains."""
+
+    capabilities: ClassVar[LeaseCapabilities] = LeaseCapabilities(moves_sessions=True)
 
     def __init__(self, *, migration: str = "none", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -321,10 +324,10 @@ class MigratingLeaseManager(LeaseManager):
         return self.migration in PACKERS
 
     def _new_policy(self) -> Any:
-        """JFFC, or the packing policy over the same chains."""
+        """The manager's policy (JFFC), or the packer's over the same chains."""
         if self.packing:
-            return PackingPolicy([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains],
-                                 self.migration)
+            return packing_policy(self.migration).dispatcher([c.rate_per_s for c in self._chains],
+                                                             [c.capacity for c in self._chains])
         return super()._new_policy()
 
     def _carry(self, k: int, lease: Lease) -> bool:

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError
-from petals_chain.torta.chain_score import GreedyScoreChains
+from petals_chain.orchestrator.lease_policy import JFFC_POLICY, LeasePolicy
+from petals_chain.orchestrator.leases import Lease, UnknownLeaseError
+from petals_chain.torta.chain_score import GreedyScorePolicy
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest, place_by_rtt, \
     rtt_vector
 
@@ -31,13 +32,7 @@ log = logging.getLogger(__name__)
 MAX_DECISIONS = 10_000  # routing decisions kept for GET /macro (the newest)
 
 
-class GreedyScoreLeaseManager(LeaseManager):
-    """Leases within a region by the micro layer's greedy score (7)–(10) instead of JFFC's fastest free chain."""
-
-    policy_cls = GreedyScoreChains
-
-
-MICRO = {"jffc": LeaseManager, "greedy": GreedyScoreLeaseManager}  # how a region picks a chain
+MICRO: dict[str, LeasePolicy] = {"jffc": JFFC_POLICY, "greedy": GreedyScorePolicy()}  # how a region picks a chain
 
 
 @dataclass(frozen=True)

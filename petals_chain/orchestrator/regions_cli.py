@@ -10,6 +10,7 @@ one line, exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -92,6 +93,7 @@ def build(args: argparse.Namespace, *, dht_info: dict[str, Any] | None = None): 
     """The region orchestrators and the macro layer the arguments describe."""
     from petals_chain.orchestrator.config import OrchestratorConfig
     from petals_chain.orchestrator.core import Orchestrator
+    from petals_chain.orchestrator.leases import LeaseManager
     from petals_chain.orchestrator.regions import MICRO, RegionalOrchestrator
 
     names = [n.strip() for n in args.regions.split(",") if n.strip()]
@@ -118,7 +120,8 @@ def build(args: argparse.Namespace, *, dht_info: dict[str, Any] | None = None): 
         registry, _ = build_registry(args)
         config = OrchestratorConfig(lease_ttl_s=args.lease_ttl_s, heartbeat_timeout_s=args.heartbeat_timeout_s or None,
                                     offer_when_serving=True, dht_info=dht_info)
-        regions[name] = Orchestrator(registry, config, lease_manager=MICRO[args.micro])
+        leases = functools.partial(LeaseManager, policy=MICRO[args.micro])
+        regions[name] = Orchestrator(registry, config, lease_manager=leases)
     return RegionalOrchestrator(regions, macro, policy=args.policy, anchors=anchor_map(args.anchors, names),
                                 dht_info=dht_info)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from petals_chain.dispatch.jffc import JFFC
-from petals_chain.orchestrator.regions import GreedyScoreLeaseManager
-from petals_chain.torta.chain_score import GreedyScoreChains, chain_scores
+from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.torta.chain_score import GreedyScoreChains, GreedyScorePolicy, chain_scores
 
 
 def test_scores_are_the_weighted_sum_of_hardware_load_and_locality() -> None:
@@ -43,6 +43,6 @@ def test_lease_manager_uses_the_greedy_rule() -> None:
     """The regions' greedy lease manager builds its policy from the chains it is given."""
     from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 
-    lm = GreedyScoreLeaseManager()
+    lm = LeaseManager(policy=GreedyScorePolicy())
     lm.set_chains([ChainInfo((SpanInfo("a", 0, 4),), 2, 1.0, "c0")], 1)
     assert isinstance(lm._policy, GreedyScoreChains)
