@@ -37,7 +37,7 @@ from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry
-from petals_chain.orchestrator.width import POLICIES, WIDTH_METHODS
+from petals_chain.moldable.live import POLICIES, WIDTH_METHODS
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.cli_args import (
     OneLineParser,
@@ -316,7 +316,7 @@ def lease_widths(args: argparse.Namespace, method: Method, registry: Registry) -
         raise SpecError(f"--width: needs JFFC leases; method {args.method!r} routes each request")
     import numpy as np
 
-    from petals_chain.orchestrator.width import speedup_profile
+    from petals_chain.moldable.live import speedup_profile
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
     speedup, service_s = speedup_profile(profile)

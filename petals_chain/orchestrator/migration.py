@@ -9,7 +9,7 @@ So a slot is never booked twice and the old one is freed only once the move succ
 Three reasons to move: JFFC with migration (``migration="jffc"``: when a slot of chain k frees up and nobody
 waits, the longest-resident session of the slowest busy chain slower than k moves to k, the decision
 :func:`~petals_chain.dispatch.rules.migration_source` that the simulator's kernel makes too); consolidation
-(``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.orchestrator.packing`;
+(``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.mell.live`;
 ``"worst-fit"`` packs without moving, its baseline); and a drain (every session on a server's chains asks for a
 slot elsewhere, at the head of the queue when none is free).
 """
@@ -30,7 +30,7 @@ from petals_chain.orchestrator.bodies import Body, NonNegativeSeconds
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.lease_policy import LeaseCapabilities
 from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter
-from petals_chain.orchestrator.packing import PACKERS, packing_policy
+from petals_chain.mell.live import PACKERS, packing_policy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)

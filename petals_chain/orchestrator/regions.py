@@ -24,7 +24,7 @@ import numpy as np
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.lease_policy import JFFC_POLICY, LeasePolicy
 from petals_chain.orchestrator.leases import Lease, UnknownLeaseError
-from petals_chain.torta.chain_score import GreedyScorePolicy
+from petals_chain.torta.live import GreedyScorePolicy
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest, place_by_rtt, \
     rtt_vector
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.leases import Lease, LeaseManager
-from petals_chain.orchestrator.width import WidthPolicy, width_method
+from petals_chain.moldable.live import WidthPolicy, width_method
 from petals_chain.moldable.speedup import SpeedUp
 
 

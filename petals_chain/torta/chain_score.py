@@ -9,7 +9,6 @@ Comp_locality (10) = exp(−λ(t − last start)) (one model, so Sim = 1 once a 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,17 +59,3 @@ class GreedyScoreChains(JFFC):
             self._last[chain] = now
         return starts
 
-
-@dataclass(frozen=True)
-class GreedyScorePolicy:
-    """The live lease policy of a region's orchestrator (``orchestrator.lease_policy.LeasePolicy``, satisfied
-    structurally): the free chain of highest greedy score takes each waiting request."""
-
-    name: str = "greedy"
-    """How ``--micro`` calls it."""
-    params: TortaParams = DEFAULT
-    """The score's weights and decay."""
-
-    def dispatcher(self, rates: Sequence[float], capacities: Sequence[int]) -> GreedyScoreChains:
-        """The greedy rule over chains with these rates and capacities."""
-        return GreedyScoreChains(rates, capacities, self.params)

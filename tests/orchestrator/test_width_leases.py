@@ -18,7 +18,7 @@ from petals_chain.orchestrator.chains import ChainInfo, SpanInfo
 from petals_chain.orchestrator.cli import main as orchestrator_main
 from petals_chain.orchestrator.client import OrchestratorClient, OrchestratorError
 from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.width import WIDTH_METHODS, speedup_profile, width_probabilities
+from petals_chain.moldable.live import WIDTH_METHODS, speedup_profile, width_probabilities
 from petals_chain.orchestrator.width_leases import LeaseWidths
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving
 

@@ -7,7 +7,8 @@ import numpy as np
 
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.torta.chain_score import GreedyScoreChains, GreedyScorePolicy, chain_scores
+from petals_chain.torta.chain_score import GreedyScoreChains, chain_scores
+from petals_chain.torta.live import GreedyScorePolicy
 
 
 def test_scores_are_the_weighted_sum_of_hardware_load_and_locality() -> None:
