@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The PPO policy torta-live's TORTA-PPO uses: trained (seeded, small trunk) on the live demo's three regions and
-# arrivals from other seeds (petals_chain/torta/live.py); writes results/torta-train-live3.{csv,png} and
+# arrivals from other seeds (petals_chain/torta/live_demo.py); writes results/torta-train-live3.{csv,png} and
 # results/checkpoints/live3-ep120.pt (not committed: this script reproduces it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

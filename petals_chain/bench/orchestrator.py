@@ -57,6 +57,7 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
     """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
     ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key)."""
     from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.config import OrchestratorConfig
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.exposure import server_tls
     from petals_chain.orchestrator.registry import Registry
@@ -64,17 +65,20 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
     comp = synthetic_composition(num_chains, np.random.default_rng(seed))
     registry = Registry(MODEL, arrival_rate=1.0)
     registry.add_planned(comp.servers)
-    orch = Orchestrator(registry, heartbeat_timeout_s=None)
-    orch.install(comp)
 
     async def main() -> None:
-        """Attach the store on the loop (restored waiters need it), then serve."""
+        """Open the store and restore from it on the loop (restored waiters need it), then serve."""
+        state = None
         if state_db is not None:
-            from petals_chain.orchestrator.persist import attach_state
+            from petals_chain.orchestrator.persist import Persistence
             from petals_chain.orchestrator.store import StateStore
 
             sync, _, unbatched = mode.partition("-")
-            attach_state(orch, StateStore(state_db, synchronous=sync), attach_grace_s=60.0, group_commit=not unbatched)
+            state = Persistence(StateStore(state_db, synchronous=sync), group_commit=not unbatched)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), state=state)
+        orch.install(comp)
+        if state is not None:
+            state.restore(attach_grace_s=60.0)
         await serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port),
                     ssl_context=server_tls(*tls) if tls is not None else None)
 

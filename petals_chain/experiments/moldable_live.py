@@ -18,7 +18,7 @@ from petals_chain import defaults
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, read_csv, replotting, write_csv
 from petals_chain.model import SpecError
 from petals_chain.moldable.speedup import SpeedUp, concave_hull
-from petals_chain.orchestrator.width import POLICIES, policy_probabilities
+from petals_chain.moldable.live import POLICIES, policy_probabilities
 
 NAME = "moldable_live"
 REPLOT = True  # `--replot` redraws moldable_live.png and its README section from the saved CSVs

@@ -21,11 +21,11 @@ import numpy as np
 from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, write_csv
 from petals_chain.loopback.regions import RegionalSwarm
 from petals_chain.loopback.swarm import ServerPlan
-from petals_chain.torta import live
+from petals_chain.torta import live_demo
 
 MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
-REGIONS, ORIGINS = list(live.REGIONS), list(live.ORIGINS)
-LATENCY_MS, SLOTS_PER_SERVER, SLOT_S = live.LATENCY_MS, live.SLOTS_PER_SERVER, live.SLOT_S
+REGIONS, ORIGINS = list(live_demo.REGIONS), list(live_demo.ORIGINS)
+LATENCY_MS, SLOTS_PER_SERVER, SLOT_S = live_demo.LATENCY_MS, live_demo.SLOTS_PER_SERVER, live_demo.SLOT_S
 POLICIES = ("torta", "torta-ppo", "skylb", "rr")
 LABEL = {"torta": "TORTA-OT", "torta-ppo": "TORTA-PPO", "skylb": "SkyLB-style", "rr": "round robin"}
 PPO_EPISODES = 120  # as experiments/torta-live-train.sh
@@ -43,11 +43,11 @@ TEXTS = ["The capital of France is", "Write a haiku about the sea.", "Two plus t
 
 def ppo_checkpoint(out: Path, seed: int) -> Path:
     """The live regions' PPO checkpoint (as experiments/torta-live-train.sh writes it); trained now if missing."""
-    path = out / "checkpoints" / f"{live.TOPOLOGY}-ep{PPO_EPISODES}.pt"
+    path = out / "checkpoints" / f"{live_demo.TOPOLOGY}-ep{PPO_EPISODES}.pt"
     if not path.exists():
         from petals_chain.experiments.torta_train import main as train_main
 
-        train_main(["--topology", live.TOPOLOGY, "--episodes", str(PPO_EPISODES), "--seed", str(seed),
+        train_main(["--topology", live_demo.TOPOLOGY, "--episodes", str(PPO_EPISODES), "--seed", str(seed),
                     "--out", str(out)])
     return path
 
@@ -80,7 +80,7 @@ def run_live(args: Any, log_dir: Path) -> list[dict[str, Any]]:
     from transformers import AutoTokenizer
 
     rng = np.random.default_rng(args.seed)
-    times = live.arrivals(rng, args.quick)
+    times = live_demo.arrivals(rng, args.quick)
     tok = AutoTokenizer.from_pretrained(str(MODEL_DIR))
     prompts = [tok(t).input_ids for t in TEXTS]
     refs = references(prompts)
@@ -156,7 +156,7 @@ def run(args: Any) -> Summary:
         raise SystemExit("torta-live needs root (network namespaces for the origins)")
     log_dir = Path(tempfile.mkdtemp(prefix="torta-live-"))
     rows = run_live(args, log_dir)
-    write_csv(args.out / "torta-live.csv", rows)
+    write_csv(args.out / "torta-live_demo.csv", rows)
     lines, data = [], {}
     for policy in POLICIES:
         parts = []
@@ -173,7 +173,7 @@ def run(args: Any) -> Summary:
         data[policy] = {"mean_response_s": mall, "ci95_s": hall, "correct": ok, "requests": len(allp)}
         lines.append(f"{LABEL[policy]}: all {mall:.2f} ± {hall:.2f} s; " + "; ".join(parts)
                      + f"; {ok}/{len(allp)} answers equal local greedy")
-    plot(rows, args.out / "torta-live.png")
+    plot(rows, args.out / "torta-live_demo.png")
     rounds = sorted({r["round"] for r in rows})
     lines.append("rounds in order (mean response): " + ", ".join(
         f"{LABEL[next(r['policy'] for r in rows if r['round'] == k)]} "
@@ -182,8 +182,9 @@ def run(args: Any) -> Summary:
                  f"one-way latency (ms) {LATENCY_MS.tolist()}, origins {ORIGINS}, burst from r0, {NEW_TOKENS} tokens "
                  f"per request, slot {SLOT_S:g} s; rounds "
                  f"{'once each' if args.quick else 'forward then backward (ABBA)'}; 95 % Student-t CIs over requests")
-    lines.append(f"TORTA-PPO's policy: {live.TOPOLOGY}-ep{PPO_EPISODES}.pt of experiments/torta-live-train.sh (seeded, "
-                 f"{live.TRAIN_SCENARIOS} live scenarios of other seeds; curve in torta-train-{live.TOPOLOGY}.png)")
+    topology = live_demo.TOPOLOGY
+    lines.append(f"TORTA-PPO's policy: {topology}-ep{PPO_EPISODES}.pt of experiments/torta-live-train.sh (seeded, "
+                 f"{live_demo.TRAIN_SCENARIOS} live scenarios of other seeds; curve in torta-train-{topology}.png)")
     quick = " --quick" if args.quick else ""
     return Summary("torta-live", "TORTA on a live 3-region swarm: response time per origin",
                    f"python -m petals_chain.experiments torta-live{quick} --seed {args.seed}",

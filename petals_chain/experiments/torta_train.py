@@ -2,7 +2,7 @@
 
 ``python -m petals_chain.experiments.torta_train --topology abilene [--episodes N] [--quick] [--seed S] [--out DIR]``
 writes DIR/torta-train-TOPOLOGY.csv/.png (learning curve) and DIR/checkpoints/TOPOLOGY-epN.pt; ``--topology
-live3`` trains for the live demo's regions (``petals_chain.torta.live``). The training itself is
+live3`` trains for the live demo's regions (``petals_chain.torta.live_demo``). The training itself is
 :func:`petals_chain.torta.train.train`; this module is its command line and its plot.
 docs/torta.md, "Macro layer: PPO".
 """
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from petals_chain.experiments.common import REPO, plt, write_csv
-from petals_chain.torta import live
+from petals_chain.torta import live_demo
 from petals_chain.torta.episode import make_scenario, oracle_forecast
 from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
 from petals_chain.torta.topology import TOPOHUB_KEYS
@@ -40,8 +40,8 @@ def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI: train on one topology's scenario and write the curve and checkpoints."""
     ap = argparse.ArgumentParser(prog="python -m petals_chain.experiments.torta_train", description=__doc__)
-    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS) + [live.TOPOLOGY],
-                    help=f"a topohub network, or {live.TOPOLOGY}: the live demo's three regions (torta-live)")
+    ap.add_argument("--topology", default="abilene", choices=sorted(TOPOHUB_KEYS) + [live_demo.TOPOLOGY],
+                    help=f"a topohub network, or {live_demo.TOPOLOGY}: the live demo's three regions (torta-live)")
     ap.add_argument("--episodes", type=int, default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --episodes must be >= 1", file=sys.stderr)
         return 2
     params = QUICK_TRAINING if args.quick else DEFAULT
-    if args.topology == live.TOPOLOGY:  # the live arrivals (other seeds) with the live moving-average forecast
-        scenarios, forecast = live.training_scenarios(args.seed), live.live_forecast
+    if args.topology == live_demo.TOPOLOGY:  # the live arrivals (other seeds) with the live moving-average forecast
+        scenarios, forecast = live_demo.training_scenarios(args.seed), live_demo.live_forecast
     else:
         slots = 32 if args.quick else DEFAULT.slots
         scenarios, forecast = [make_scenario(args.topology, params, args.seed, slots)], oracle_forecast

@@ -48,7 +48,6 @@ from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 from petals_chain.orchestrator.request_body import read_body
 from petals_chain.orchestrator.suspects import RateLimitedError
-from petals_chain.orchestrator.trust import Trust
 from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.limits import MAX_BODY_BYTES
 from petals_chain.protocol.parsing import BadRequestError
@@ -134,8 +133,8 @@ def _durable_middleware(orch: Orchestrator) -> Callable:
     @web.middleware
     async def middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
         resp = await handler(request)
-        if orch.durable is not None:
-            await orch.durable()
+        if orch.state is not None:
+            await orch.state.durable()
         return resp
 
     return middleware
@@ -250,8 +249,7 @@ async def _register(request: web.Request) -> web.Response:
     body = await read_body(request, RegisterBody)
     known = orch.registry.servers.get(body.name)
     guard.check_reregistration(request, body.name, known is not None and known.alive)
-    if orch.trust is not None:
-        orch.trust.admit(body)
+    orch.trust.admit(body)
     same = known is not None and known.alive and guard.secrets.matches(body.name, request.headers.get(SECRET_HEADER))
     rec = await orch.register(body)
     reply = _server_reply(orch, rec)
@@ -313,7 +311,7 @@ async def _cordon(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await read_body(request, CordonBody, required=False)
     name = check_name(request.match_info["name"])
-    trust = orch.trust if orch.trust is not None else Trust(orch)
+    trust = orch.trust
     if body.resume:
         trust.uncordon(name)
     else:
@@ -358,7 +356,7 @@ async def _renew(request: web.Request) -> web.Response:
     if orch.widths is not None:
         orch.widths.renew(lease.lease_id)  # the width may be cut back while units are over-committed
     reply = orch.lease_json(lease)
-    target = orch.leases.offer(lease.lease_id) if hasattr(orch.leases, "offer") else None
+    target = orch.leases.offer(lease.lease_id) if orch.leases.capabilities.moves_sessions else None
     if target is not None:  # a move was decided: the holder moves at its next step boundary
         reply["migrate_to"] = orch.lease_json(target)
     return _json(reply)
@@ -407,7 +405,7 @@ async def _width(request: web.Request) -> web.Response:
 
 def _moving(orch: Orchestrator) -> MigratingLeaseManager:
     """The orchestrator's lease manager if it moves sessions, else a 400."""
-    if not isinstance(orch.leases, MigratingLeaseManager):
+    if not orch.leases.capabilities.moves_sessions:
         raise BadRequestError(f"this orchestrator's lease manager ({type(orch.leases).__name__}) cannot move "
                               "sessions")
     return orch.leases
@@ -479,7 +477,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     async def start_sweeper(app: web.Application) -> None:
         """Start expiring leases and silent servers."""
         app[SWEEPER_KEY] = asyncio.create_task(orch.run_sweeper(sweep_interval_s))
-        if orch.trust is not None and orch.trust.verifier is not None:
+        if orch.trust.verifier is not None:
             app[VERIFIER_KEY] = asyncio.create_task(orch.trust.run())
 
     async def stop_sweeper(app: web.Application) -> None:

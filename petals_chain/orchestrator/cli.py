@@ -20,9 +20,9 @@ import json
 import logging
 import math
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from petals_chain import defaults
 from petals_chain.checkpoint.quant import QUANT_TYPES
@@ -38,14 +38,15 @@ from petals_chain.cli_args import (
     size_range,
 )
 from petals_chain.compose.method_table import Method, Routing, live_method, method_names
-from petals_chain.model import ModelSpec, SpecError
+from petals_chain.model import ModelSpec, ServerSpec, SpecError
 from petals_chain.orchestrator.auth import Credentials
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
 from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
-from petals_chain.orchestrator.width import POLICIES, WIDTH_METHODS
+from petals_chain.moldable.live import POLICIES, WIDTH_METHODS
 from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.protocol.auth import ROLE_ENV, SHARED_ENV
 from petals_chain.protocol.limits import MAX_TTL_S
@@ -53,6 +54,7 @@ from petals_chain.protocol.limits import MAX_TTL_S
 if TYPE_CHECKING:
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.persist import Persistence
+    from petals_chain.orchestrator.trust import Trust
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
 TOKEN_ENV = SHARED_ENV
@@ -235,35 +237,74 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
     return registry, planned
 
 
-def build_orchestrator(args: argparse.Namespace) -> tuple[Orchestrator, Method]:
-    """The orchestrator the arguments describe (the method's composer and lease manager), planned servers composed."""
-    from petals_chain.orchestrator.core import Orchestrator
-
-    method = live_method(args.method, orchestrated=True, field="--method")
-    args, model_source = checkpoint_model(args)
-    registry, planned = build_registry(args, method)
+def engine_config(args: argparse.Namespace, *, planned: Sequence[ServerSpec] = (),
+                  model_source: Mapping[str, Any] | None = None,
+                  dht_info: Mapping[str, Any] | None = None) -> OrchestratorConfig:
+    """The orchestrator's settings from the arguments (built once; the orchestrator never changes them)."""
     if args.pin_cluster_times and not args.cluster:
         raise SpecError("--pin-cluster-times needs --cluster FILE (the times to pin)")
-    orch = Orchestrator(
-        registry,
+    return OrchestratorConfig(
         lease_ttl_s=args.lease_ttl_s,
         heartbeat_timeout_s=args.heartbeat_timeout_s or None,
         max_waiting=args.max_waiting,
-        pinned={s.name: s for s in planned} if args.pin_cluster_times else None,
         offer_when_serving=not args.offer_unready_chains,
-        lease_manager=_lease_manager(method, args),
+        migration=getattr(args, "migration", "none"),
+        pinned={s.name: s for s in planned} if args.pin_cluster_times else {},
+        model_source=model_source,
+        dht_info=dht_info,
     )
-    orch.model_source = model_source
-    orch.widths = lease_widths(args, orch)
-    if planned:
+
+
+class Parts(NamedTuple):
+    """What the arguments describe before the orchestrator is assembled: its method, the arguments with the
+    checkpoint's sizes filled in, the registry (planned servers added), and the settings."""
+
+    method: Method
+    args: argparse.Namespace
+    registry: Registry
+    planned: list
+    config: OrchestratorConfig
+
+
+def build_parts(args: argparse.Namespace) -> Parts:
+    """The method, registry and settings the arguments describe (bad arguments: SpecError before anything starts)."""
+    method = live_method(args.method, orchestrated=True, field="--method")
+    args, model_source = checkpoint_model(args)
+    registry, planned = build_registry(args, method)
+    return Parts(method, args, registry, planned, engine_config(args, planned=planned, model_source=model_source))
+
+
+def assemble(parts: Parts, *, dht_info: Mapping[str, Any] | None = None, trust: Trust | None = None,
+             state: Persistence | None = None) -> Orchestrator:
+    """The orchestrator of ``parts`` with its collaborators (built first: the DHT it runs, the trust layer with its
+    verifier, --state-dir's store), planned servers composed."""
+    from petals_chain.orchestrator.core import Orchestrator
+
+    config = parts.config if dht_info is None else parts.config.replace(dht_info=dht_info)
+    orch = Orchestrator(
+        parts.registry,
+        config,
+        lease_manager=_lease_manager(parts.method, config),
+        trust=trust,
+        widths=lease_widths(parts.args, parts.method, parts.registry),
+        state=state,
+    )
+    if parts.planned:
         orch.recompose_now()
-        if registry.composition is None:
-            print(f"warning: no composition for {args.cluster}: {registry.error}", file=sys.stderr)
-    return orch, method
+        if parts.registry.composition is None:
+            print(f"warning: no composition for {parts.args.cluster}: {parts.registry.error}", file=sys.stderr)
+    return orch
 
 
-def lease_widths(args: argparse.Namespace, orch: Orchestrator) -> LeaseWidths | None:
-    """With --width: the width rule over the orchestrator's leases, s(k) from --speedup-profile; the priors of the
+def build_orchestrator(args: argparse.Namespace, *, dht_info: Mapping[str, Any] | None = None,
+                       ) -> tuple[Orchestrator, Method]:
+    """The orchestrator the arguments describe (the method's composer and lease manager), planned servers composed."""
+    parts = build_parts(args)
+    return assemble(parts, dht_info=dht_info), parts.method
+
+
+def lease_widths(args: argparse.Namespace, method: Method, registry: Registry) -> LeaseWidths | None:
+    """With --width: the width rule for the orchestrator's leases, s(k) from --speedup-profile; the priors of the
     measured load are the profile's service time at width 1 and the composition's --arrival-rate."""
     width, profile = getattr(args, "width", None), getattr(args, "speedup_profile", None)
     if width is None:
@@ -272,62 +313,76 @@ def lease_widths(args: argparse.Namespace, orch: Orchestrator) -> LeaseWidths | 
         return None
     if profile is None:
         raise SpecError(f"--width {width}: give --speedup-profile FILE (the measured s(k) it chooses from)")
-    if orch.leases.__class__ is WsRrLeaseManager:
+    if method.routing is not Routing.JFFC:
         raise SpecError(f"--width: needs JFFC leases; method {args.method!r} routes each request")
     import numpy as np
 
-    from petals_chain.orchestrator.width import speedup_profile
+    from petals_chain.moldable.live import speedup_profile
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
     speedup, service_s = speedup_profile(profile)
-    gap_s = 1.0 / orch.registry.arrival_rate
-    return LeaseWidths(orch.leases, speedup, width, np.random.default_rng(args.width_seed),
-                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s,
-                       headroom=orch.registry.target_load, clock=orch.clock)
+    gap_s = 1.0 / registry.arrival_rate
+    return LeaseWidths(speedup, width, np.random.default_rng(args.width_seed),
+                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s, headroom=registry.target_load)
 
 
-def _lease_manager(method: Method, args: argparse.Namespace) -> Callable[..., LeaseManager]:
+def _lease_manager(method: Method, config: OrchestratorConfig) -> Callable[..., LeaseManager]:
     """The method's lease manager; JFFC's moves sessions by ``--migration``."""
-    factory = LEASE_MANAGERS[method.routing]
-    migration = getattr(args, "migration", "none")
-    if factory is MigratingLeaseManager:
-        return functools.partial(MigratingLeaseManager, migration=migration)
-    if migration != "none":
-        raise SpecError(f"--migration {migration} needs JFFC leases; method {method.name!r} routes otherwise")
-    return factory
+    if method.routing is Routing.JFFC:
+        return functools.partial(MigratingLeaseManager, migration=config.migration)
+    if config.migration != "none":
+        raise SpecError(f"--migration {config.migration} needs JFFC leases; method {method.name!r} routes otherwise")
+    return LEASE_MANAGERS[method.routing]
 
 
 async def _run(args: argparse.Namespace) -> None:
-    """Build the orchestrator, compose for the planned servers, and serve until a signal."""
-    from petals_chain.orchestrator.api import build_app, serve
+    """Open the state, start the DHT, build the orchestrator (planned servers composed), restore it, and serve
+    until a signal."""
+    from petals_chain.orchestrator.trust import Trust
+    from petals_chain.orchestrator.verify import DhtVerifier
 
-    orch, method = build_orchestrator(args)
-    registry = orch.registry
     credentials = Credentials.resolve(args.token, client=args.client_token, server=args.server_token,
                                       operator=args.operator_token, metrics_open=args.metrics_open)
     ssl_context = server_tls(args.tls_cert, args.tls_key)
     for line in exposure_warnings(args.host, credentials, tls=ssl_context is not None):
         print(f"warning: {line}", file=sys.stderr, flush=True)
-    state = open_state(args, orch) if args.state_dir else None
-    dht = None
-    if args.initial_peers or args.start_dht:
-        from petals_chain.orchestrator.dht import start_dht
-        from petals_chain.protocol.dht_prefix import dht_prefix_for
+    parts = build_parts(args)
+    registry, method = parts.registry, parts.method
+    state = open_state(args) if args.state_dir else None
+    dht = dht_info = None
+    try:
+        if args.initial_peers or args.start_dht:
+            from petals_chain.orchestrator.dht import start_dht
+            from petals_chain.protocol.dht_prefix import dht_prefix_for
 
-        prefix = dht_prefix_for(args.dht_prefix or registry.model.name.split("/")[-1])  # a repository: its last part
+            prefix = dht_prefix_for(args.dht_prefix or registry.model.name.split("/")[-1])  # a repository: its last
+            if state is not None:
+                dht = start_dht(args.initial_peers, dht_host_maddrs(state, args.dht_host_maddrs),
+                                identity_path=str(Path(args.state_dir) / DHT_IDENTITY_FILE))
+                remember_dht_maddrs(state, args.dht_host_maddrs, dht.visible_maddrs)
+            else:
+                dht = start_dht(args.initial_peers, args.dht_host_maddrs)
+            dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
+            print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
+        verifier = DhtVerifier(dht.dht, prefix) if dht and not args.trust_registrations else None
+        orch = assemble(parts, dht_info=dht_info, trust=Trust(verifier, verify_timeout_s=args.verify_timeout_s),
+                        state=state)
         if state is not None:
-            dht = start_dht(args.initial_peers, dht_host_maddrs(state, args.dht_host_maddrs),
-                            identity_path=str(Path(args.state_dir) / DHT_IDENTITY_FILE))
-            remember_dht_maddrs(state, args.dht_host_maddrs, dht.visible_maddrs)
-        else:
-            dht = start_dht(args.initial_peers, args.dht_host_maddrs)
-        orch.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": prefix}
-        print(f"dht listening on {' '.join(dht.visible_maddrs)} (prefix {prefix!r})", flush=True)
-    from petals_chain.orchestrator.trust import Trust
-    from petals_chain.orchestrator.verify import DhtVerifier
+            state.restore(attach_grace_s=args.reattach_grace_s)
+        await _serve(orch, method, credentials, ssl_context, args.host, args.port)
+    finally:
+        if dht is not None:
+            dht.shutdown()
+        if state is not None:
+            await state.close()
 
-    verifier = DhtVerifier(dht.dht, orch.dht_info["dht_prefix"]) if dht and not args.trust_registrations else None
-    Trust(orch, verifier, verify_timeout_s=args.verify_timeout_s)
+
+async def _serve(orch: Orchestrator, method: Method, credentials: Credentials, ssl_context: Any, host: str,
+                 port: int) -> None:
+    """Serve the orchestrator's API until a signal, printing its address once listening."""
+    from petals_chain.orchestrator.api import build_app, serve
+
+    registry = orch.registry
 
     def ready(host: str, port: int) -> None:
         """Print the address once listening (scripts wait for this line)."""
@@ -338,19 +393,12 @@ async def _run(args: argparse.Namespace) -> None:
               f"composition v{h['version']}: {h['chains']} chains, "
               f"capacity {h['capacity']})", flush=True)
 
-    try:
-        await serve(build_app(orch, credentials=credentials), args.host, args.port, on_ready=ready,
-                    ssl_context=ssl_context)
-    finally:
-        if dht is not None:
-            dht.shutdown()
-        if state is not None:
-            await state.close()
+    await serve(build_app(orch, credentials=credentials), host, port, on_ready=ready, ssl_context=ssl_context)
 
 
-def open_state(args: argparse.Namespace, orch: Orchestrator) -> Persistence:
-    """Open (or create) --state-dir's store and restore the orchestrator from it (on the running event loop)."""
-    from petals_chain.orchestrator.persist import attach_state
+def open_state(args: argparse.Namespace) -> Persistence:
+    """Open (or create) --state-dir's store (on the running event loop); the orchestrator restores from it."""
+    from petals_chain.orchestrator.persist import Persistence
     from petals_chain.orchestrator.store import StateStore
 
     if live_method(args.method, orchestrated=True, field="--method").routing is not Routing.JFFC:
@@ -361,8 +409,7 @@ def open_state(args: argparse.Namespace, orch: Orchestrator) -> Persistence:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SpecError(f"--state-dir {folder}: cannot create it: {exc}") from None
-    store = StateStore(folder / STATE_DB_FILE, synchronous=args.state_sync)
-    return attach_state(orch, store, attach_grace_s=args.reattach_grace_s)
+    return Persistence(StateStore(folder / STATE_DB_FILE, synchronous=args.state_sync))
 
 
 def dht_host_maddrs(state: Persistence, requested: Sequence[str]) -> list[str]:

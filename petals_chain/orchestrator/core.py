@@ -11,14 +11,15 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from petals_chain import defaults
-from petals_chain.model import Composition, ServerSpec, SpecError
+from petals_chain.model import Composition, ServerSpec
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.drain import drain_server
 from petals_chain.orchestrator.leases import Lease, LeaseManager
 from petals_chain.orchestrator.metrics import new_metrics_registry
@@ -29,9 +30,10 @@ from petals_chain.protocol.limits import DRAIN_TIMEOUT_S
 from petals_chain.protocol.parsing import BadRequestError
 from petals_chain.protocol.replies import LeaseInfo
 from petals_chain.protocol.requests import HeartbeatBody, RegisterBody
+from petals_chain.orchestrator.trust import Trust
 
 if TYPE_CHECKING:
-    from petals_chain.orchestrator.trust import Trust
+    from petals_chain.orchestrator.persist import Persistence
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
 log = logging.getLogger(__name__)
@@ -43,32 +45,32 @@ class Orchestrator:
     def __init__(
         self,
         registry: Registry,
+        config: OrchestratorConfig | None = None,
         *,
-        lease_ttl_s: float = defaults.LEASE_TTL_S,
-        heartbeat_timeout_s: float | None = defaults.HEARTBEAT_TIMEOUT_S,
-        max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
-        pinned: Mapping[str, ServerSpec] | None = None,
-        offer_when_serving: bool = False,
         lease_manager: Callable[..., LeaseManager] = MigratingLeaseManager,
+        trust: Trust | None = None,
+        widths: LeaseWidths | None = None,
+        state: Persistence | None = None,
     ) -> None:
-        if heartbeat_timeout_s is not None and not (
-                isinstance(heartbeat_timeout_s, (int, float)) and math.isfinite(heartbeat_timeout_s)
-                and heartbeat_timeout_s > 0):
-            raise SpecError(f"orchestrator: field 'heartbeat_timeout_s' must be a finite number > 0 or None (off), "
-                            f"got {heartbeat_timeout_s!r}")
+        """``config`` holds the settings (validated); the collaborators are built first and handed in, each bound
+        here to this orchestrator: ``trust`` (belief in servers; default: every server believed, none cordoned),
+        ``widths`` (--width: the speculative width of each lease that asks for one) and ``state`` (--state-dir: the
+        store it restores from and journals into)."""
+        self.config = config if config is not None else OrchestratorConfig()
         self.registry = registry
         # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
         # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).
-        self.pinned: dict[str, ServerSpec] = dict(pinned or {})
+        self.pinned: Mapping[str, ServerSpec] = self.config.pinned
         # Offer a chain only once every server on it reports (by heartbeat) that it serves its span: a lease is
         # never granted on a server still loading its blocks, or one planned from a cluster file but not up yet.
-        self.offer_when_serving = offer_when_serving
+        self.offer_when_serving = self.config.offer_when_serving
         self._composed: list[ChainInfo] = []  # every chain of the current composition
         self._offered: tuple[tuple[tuple[str, int, int], ...], ...] | None = None  # keys offered now
         # JFFC over fixed chains by default; ``lease_manager`` (same keywords) may route otherwise, e.g. WS-RR.
-        self.leases = lease_manager(default_ttl_s=lease_ttl_s, max_waiting=max_waiting, clock=clock)
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.leases = lease_manager(default_ttl_s=self.config.lease_ttl_s, max_waiting=self.config.max_waiting,
+                                    clock=clock)
+        self.heartbeat_timeout_s = self.config.heartbeat_timeout_s
         self.clock = clock
         self.started_s = clock()
         self.recompositions = 0
@@ -76,17 +78,30 @@ class Orchestrator:
         self._lock = asyncio.Lock()
         self._applied_generation = -1
         self.draining: dict[str, asyncio.Task] = {}  # servers being drained: their chains are not offered
-        self.dht_info: dict[str, Any] | None = None  # {"initial_peers": [...], "dht_prefix": ...} when it runs a DHT
-        self.trust: Trust | None = None  # belief in servers (orchestrator/trust.py); None: every server is believed
-        self.model_source: dict[str, Any] | None = None  # with --model: {"source", "torch_dtype", "quant_type", ...}
-        self.widths: LeaseWidths | None = None  # with --width: the speculative width of each lease that asks for one
-        # Called after every registration and recomposition (persist.py saves the registry there, --state-dir).
-        self.on_change: Callable[[], None] | None = None
-        # Awaited before the API answers a request (persist.py: until what it changed is committed), when set.
-        self.durable: Callable[[], Awaitable[None]] | None = None
+        self.trust: Trust = trust if trust is not None else Trust()
+        self.trust.bind(self)
+        self.widths = widths
+        if widths is not None:
+            widths.bind(self.leases)
+        # Told after every registration and recomposition (it saves the registry), awaited before the API answers.
+        self.state = state
+        if state is not None:
+            state.bind(self)
         # Its own Prometheus registry (several orchestrators may live in one process, as in the tests): GET /metrics
         # renders it; the collector reads the state above at every scrape.
         self.metrics: CollectorRegistry = new_metrics_registry(self)
+
+    @property
+    def dht_info(self) -> dict[str, Any] | None:
+        """{"initial_peers": [...], "dht_prefix": ...} when it runs a DHT (from the config)."""
+        info = self.config.dht_info
+        return None if info is None else dict(info)
+
+    @property
+    def model_source(self) -> dict[str, Any] | None:
+        """With --model: {"source", "torch_dtype", "quant_type", ...} (from the config)."""
+        source = self.config.model_source
+        return None if source is None else dict(source)
 
     # ---- composition ----------------------------------------------------------------------------
 
@@ -95,12 +110,10 @@ class Orchestrator:
         version = self.registry.apply(composition, error)
         self._composed = chain_infos(composition, version) if composition is not None else []
         self._offer(force=True)
-        hook = getattr(self.leases, "set_composition", None)  # a lease manager that routes over the placement
-        if hook is not None:
-            hook(composition, version)
+        self.leases.set_composition(composition, version)  # used by a manager that routes over the placement
         self.recompositions += 1
-        if self.on_change is not None:
-            self.on_change()
+        if self.state is not None:
+            self.state.on_change()
         return version
 
     def recompose_now(self) -> int:
@@ -134,7 +147,7 @@ class Orchestrator:
             rec = self.registry.servers.get(span.server)
             if rec is None or not rec.alive:
                 return False
-            if self.trust is not None and not self.trust.may_offer(span.server, span.start, span.end):
+            if not self.trust.may_offer(span.server, span.start, span.end):
                 return False
             if self.offer_when_serving and not (
                 rec.serving is not None and rec.serving[0] <= span.start and span.end <= rec.serving[1]
@@ -184,8 +197,8 @@ class Orchestrator:
             rec.serial_fraction = spec.serial_fraction  # pinned with its times: a server does not measure it
             self.registry.generation += 1
             changed = True
-        if self.on_change is not None:
-            self.on_change()  # its peer id or address may be new even when the composition stays
+        if self.state is not None:
+            self.state.on_change()  # its peer id or address may be new even when the composition stays
         if changed:
             await self.recompose()
         else:
@@ -230,7 +243,7 @@ class Orchestrator:
         if server not in {s.server for s in lease.chain.spans}:
             on_chain = [s.server for s in lease.chain.spans]
             raise BadRequestError(f"field 'server' = {server!r} is not on lease {lease_id!r}'s chain {on_chain}")
-        if self.trust is None or await self.trust.confirm_failure(server, lease.client or reporter or "anonymous"):
+        if await self.trust.confirm_failure(server, lease.client or reporter or "anonymous"):
             await self.server_failed(server, f"failure reported by lease {lease_id}")
         if self.leases.has(lease_id):  # it may have expired while we recomposed
             self.leases.release(lease_id, failed=True)

@@ -107,7 +107,7 @@ def _chain_row(chain: ChainInfo, busy: int, offered: bool) -> dict[str, Any]:
 
 def routes_per_request(orch: Orchestrator) -> bool:
     """Whether the lease manager routes each request over the placement (WS-RR) instead of offering fixed chains."""
-    return getattr(orch.leases, "set_composition", None) is not None  # the hook core.Orchestrator.install calls
+    return orch.leases.capabilities.routes_over_placement
 
 
 def _chains(orch: Orchestrator) -> tuple[list[dict[str, Any]], list[ChainInfo]]:

@@ -28,10 +28,11 @@ DRAIN_POLL_S = 0.05
 async def drain_server(orch: Orchestrator, name: str, *, wait_s: float, timeout_s: float) -> dict[str, Any]:
     """Start draining ``name`` (idempotent) and wait at most ``wait_s`` for it to end; return its status."""
     rec = orch.registry.get(check_name(name))
-    if not hasattr(orch.leases, "drain") or getattr(orch.leases, "packing", False):
+    moves = orch.leases.capabilities.moves_sessions
+    if not moves or orch.leases.packing:
         raise BadRequestError(f"field 'name' = {name!r}: this orchestrator's leases ({type(orch.leases).__name__}, "
-                              f"policy {getattr(orch.leases, 'migration', None)!r}) cannot be drained: a drain needs "
-                              "JFFC leases")
+                              f"policy {orch.leases.migration if moves else None!r}) cannot be drained: a drain "
+                              "needs JFFC leases")
     if rec.alive and name not in orch.draining:
         orch.draining[name] = asyncio.current_task()  # placeholder until the task below exists: _ready sees it
         orch._offer()  # its chains stop being offered; the sessions on them keep running
@@ -48,11 +49,10 @@ def drain_status(orch: Orchestrator, name: str) -> dict[str, Any]:
     """Whether ``name`` is draining, how many sessions are still on it, and whether it has left."""
     rec = orch.registry.get(check_name(name))
     task = orch.draining.get(name)
-    left = getattr(orch.leases, "leases_on", None)
     return {
         "server": name,
         "draining": task is not None and not task.done(),
-        "sessions": len(left(name)) if left is not None else None,
+        "sessions": len(orch.leases.leases_on(name)) if orch.leases.capabilities.moves_sessions else None,
         "left": not rec.alive,
         "reason": rec.dead_reason,
     }

@@ -21,13 +21,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from petals_chain import defaults
 from petals_chain.dispatch.base import Start
-from petals_chain.dispatch.jffc import JFFC
-from petals_chain.model import SpecError
+from petals_chain.model import Composition, SpecError
 from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.lease_policy import JFFC_POLICY, ChainDispatcher, LeaseCapabilities, LeasePolicy
 from petals_chain.orchestrator.recent import RecentLeases
 
 # Histogram bucket upper bounds (seconds) for waiting and lease-held times.
@@ -157,13 +157,15 @@ class LeaseSnapshot:
 
 
 class LeaseManager:
-    """Grants, renews, releases and expires leases; JFFC picks the chain, a FIFO queue holds the rest."""
+    """Grants, renews, releases and expires leases; its policy (JFFC by default) picks the chain, a FIFO queue holds
+    the rest."""
 
-    policy_cls: type[JFFC] = JFFC  # a subclass may pick chains otherwise (the regions' greedy score)
+    capabilities: ClassVar[LeaseCapabilities] = LeaseCapabilities()  # slots of fixed chains, nothing more
 
     def __init__(
         self,
         *,
+        policy: LeasePolicy = JFFC_POLICY,
         default_ttl_s: float = defaults.LEASE_TTL_S,
         max_waiting: int = defaults.MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
@@ -172,6 +174,7 @@ class LeaseManager:
             raise SpecError(f"leases: field 'default_ttl_s' must be a finite number > 0, got {default_ttl_s!r}")
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
             raise SpecError(f"leases: field 'max_waiting' must be an integer >= 0, got {max_waiting!r}")
+        self.policy = policy  # which chain a waiting request gets (lease_policy.py)
         self.default_ttl_s = default_ttl_s
         self.max_waiting = max_waiting
         self.clock = clock
@@ -179,7 +182,7 @@ class LeaseManager:
         self.wait_hist = TimeHistogram()
         self.service_hist = TimeHistogram()
         self.recent = RecentLeases()  # the last leases that ended, one by one, for the live page
-        self._policy: JFFC | None = None
+        self._policy: ChainDispatcher | None = None  # the policy's decision over the chains offered now
         self._chains: list[ChainInfo] = []
         self._version = 0
         self._epoch = 0
@@ -222,9 +225,13 @@ class LeaseManager:
             else:
                 self._start_all(self._policy.on_arrival(job, now), now)
 
-    def _new_policy(self) -> JFFC:
-        """The dispatch policy over the chains offered now (``policy_cls``, JFFC by default; a subclass may pack)."""
-        return self.policy_cls([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
+    def set_composition(self, composition: Composition | None, version: int) -> None:
+        """Told each composition installed; a manager that routes over the placement (``capabilities``) uses it, one
+        that offers fixed chains gets them through :meth:`set_chains` instead."""
+
+    def _new_policy(self) -> ChainDispatcher:
+        """The policy's dispatcher over the chains offered now (JFFC by default; a migrating manager may pack)."""
+        return self.policy.dispatcher([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains])
 
     def _carry(self, k: int, lease: Lease) -> bool:
         """A lease carried over a recomposition takes a slot of its chain, index ``k`` now; False if full."""

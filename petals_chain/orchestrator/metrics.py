@@ -39,7 +39,7 @@ from prometheus_client.utils import floatToGoString
 from petals_chain.compose.capacity import cache_slots
 from petals_chain.model import Composition
 from petals_chain.orchestrator.leases import TimeHistogram
-from petals_chain.orchestrator.migration import REASONS, UNKNOWN_MODE, MigratingLeaseManager
+from petals_chain.orchestrator.migration import REASONS, UNKNOWN_MODE
 from petals_chain.orchestrator.registry import ServerRecord
 from petals_chain.protocol.requests import MOVE_MODES
 
@@ -266,7 +266,7 @@ class OrchestratorCollector(Collector):
         by reason (and, once the holder says, by mode), the move times holders reported, and the slots reserved now.
         Every reason and mode has its series from the start (zeros), so rates need no absent-series handling."""
         leases = self._orch.leases
-        if not isinstance(leases, MigratingLeaseManager):
+        if not leases.capabilities.moves_sessions:
             return
         counts = leases.moves.by_label
         modes = (*MOVE_MODES, UNKNOWN_MODE)

@@ -9,7 +9,7 @@ So a slot is never booked twice and the old one is freed only once the move succ
 Three reasons to move: JFFC with migration (``migration="jffc"``: when a slot of chain k frees up and nobody
 waits, the longest-resident session of the slowest busy chain slower than k moves to k, the decision
 :func:`~petals_chain.kernels.dispatch_rules.migration_source` that the simulator's kernel makes too); consolidation
-(``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.orchestrator.packing`;
+(``migration="mell"``: sessions packed by Mell's scheduler, :mod:`petals_chain.mell.live`;
 ``"worst-fit"`` packs without moving, its baseline); and a drain (every session on a server's chains asks for a
 slot elsewhere, at the head of the queue when none is free).
 """
@@ -19,15 +19,16 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from petals_chain.kernels.dispatch_rules import migration_source, speed_order
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.lease_policy import LeaseCapabilities
 from petals_chain.orchestrator.leases import Lease, LeaseManager, TimeHistogram, UnknownLeaseError, _Waiter
-from petals_chain.orchestrator.packing import PACKERS, PackingPolicy
+from petals_chain.mell.live import PACKERS, packing_policy
 
 MIGRATION_POLICIES = ("none", "jffc", *PACKERS)
 REASONS = ("jffc", "drain", "consolidate")  # why a move was decided (a packer's moves consolidate)
@@ -72,6 +73,8 @@ class MigrationCounters:
 
 class MigratingLeaseManager(LeaseManager):
     """JFFC leases plus moves between chains: JFFC with migration (optional) and drains."""
+
+    capabilities: ClassVar[LeaseCapabilities] = LeaseCapabilities(moves_sessions=True)
 
     def __init__(self, *, migration: str = "none", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -299,10 +302,10 @@ class MigratingLeaseManager(LeaseManager):
         return self.migration in PACKERS
 
     def _new_policy(self) -> Any:
-        """JFFC, or the packing policy over the same chains."""
+        """The manager's policy (JFFC), or the packer's over the same chains."""
         if self.packing:
-            return PackingPolicy([c.rate_per_s for c in self._chains], [c.capacity for c in self._chains],
-                                 self.migration)
+            return packing_policy(self.migration).dispatcher([c.rate_per_s for c in self._chains],
+                                                             [c.capacity for c in self._chains])
         return super()._new_policy()
 
     def _carry(self, k: int, lease: Lease) -> bool:

@@ -1,13 +1,13 @@
 """Keep an orchestrator's state across its own restart: restore it from a StateStore, then journal every change.
 
-:func:`attach_state` loads the store into a fresh Orchestrator (the servers as they were, so the recomputed
+:meth:`Persistence.restore` loads the store into a fresh Orchestrator (the servers as they were, so the recomputed
 composition is the one the swarm serves; the leases still held; the queue in its order) and makes the lease manager
 and the orchestrator write each change through. What the store does not hold comes back from the swarm: liveness and
 served spans from heartbeats, lease expiry clocks from renewals (docs/orchestrator.md, "Restart").
 
 :class:`GroupCommit` batches the writes: a thread commits everything written since its last commit in one
 transaction while the event loop goes on, and the API answers a request only once what it changed is committed
-(``Orchestrator.durable``), so no client ever holds a lease the store does not know.
+(``Persistence.durable``), so no client ever holds a lease the store does not know.
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from petals_chain.orchestrator.chains import ChainInfo
-from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import Lease, _Waiter
 from petals_chain.orchestrator.registry import Assignment, ServerRecord
 from petals_chain.orchestrator.store import (
@@ -30,6 +29,9 @@ from petals_chain.orchestrator.store import (
     StoreError,
 )
 from petals_chain.protocol.hop import Hop
+
+if TYPE_CHECKING:
+    from petals_chain.orchestrator.core import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +116,38 @@ class GroupCommit:
         self.store.sink = None
 
 
-@dataclass
 class Persistence:
-    """The journal of one orchestrator: every lease, queue and registry change goes to the store as it happens."""
+    """The journal of one orchestrator: every lease, queue and registry change goes to the store as it happens.
 
-    orch: Orchestrator
-    store: StateStore
-    meta: dict[str, str] = field(default_factory=dict)  # the stored named values as loaded at the restart
-    group: GroupCommit | None = None
+    Built on a store before the orchestrator (its stored named values, e.g. the DHT's addresses, are read at once)
+    and handed to it, which binds it; :meth:`restore` then loads the store into the orchestrator and starts the
+    journal. With ``group_commit`` writes are batched (:class:`GroupCommit`) and :meth:`durable` waits for them;
+    without, each write is committed as it is made.
+    """
+
+    def __init__(self, store: StateStore, *, group_commit: bool = True) -> None:
+        self.store = store
+        self._loaded = store.load()
+        self.meta: dict[str, str] = dict(self._loaded.meta)  # the stored named values as loaded at the restart
+        self.group_commit = group_commit
+        self.group: GroupCommit | None = None
+        self.attached = False  # journaling (from restore() until detach())
+
+    def bind(self, orch: Orchestrator) -> None:
+        """Serve ``orch`` (its constructor calls this once)."""
+        self.orch = orch
+
+    # ---- the orchestrator's hooks ---------------------------------------------------------------
+
+    def on_change(self) -> None:
+        """After a registration or a recomposition: save the registry (once journaling)."""
+        if self.attached:
+            self.save_registry()
+
+    async def durable(self) -> None:
+        """Return once what was written so far is committed (at once without group commit)."""
+        if self.group is not None:
+            await self.group.durable()
 
     # ---- LeaseJournal ---------------------------------------------------------------------------
 
@@ -155,78 +181,75 @@ class Persistence:
 
     def detach(self) -> None:
         """Stop journaling (a clean shutdown: waiters woken then are not taken out of the stored queue)."""
-        self.orch.leases.journal = None
-        self.orch.on_change = None
+        if self.attached:
+            self.orch.leases.journal = None
+        self.attached = False
 
     async def close(self) -> None:
         """Stop journaling, commit what is pending and close the store."""
         self.detach()
         if self.group is not None:
             await self.group.drain()
-            self.orch.durable = None
+            self.group = None
         self.store.close()
 
+    def restore(self, *, attach_grace_s: float) -> None:
+        """Restore the bound orchestrator (fresh, on a running event loop) from the store and journal into it from
+        now on.
 
-def attach_state(orch: Orchestrator, store: StateStore, *, attach_grace_s: float,
-                 group_commit: bool = True) -> Persistence:
-    """Restore ``orch`` (fresh, on a running event loop) from ``store`` and journal into it from now on.
-
-    Restored servers count as heard from now (a dead one is expired by the heartbeat timeout as usual) and serve
-    nothing until their heartbeats say so; restored leases expire one TTL from now unless renewed; restored waiting
-    requests keep their order and are dropped after ``attach_grace_s`` unless their clients come back for them
-    (POST /lease with the same request_id). With ``group_commit`` writes are batched (GroupCommit) and the API waits
-    for ``orch.durable()`` before it answers; without, each write is committed as it is made.
-    """
-    asyncio.get_running_loop()  # the waiters' futures need it
-    state = store.load()
-    reg = orch.registry
-    now = orch.clock()
-    if state.servers:
-        # σ is not stored: it comes from the cluster file this orchestrator was started with, as before the restart
-        serial = {name: rec.serial_fraction for name, rec in reg.servers.items()}
-        serial |= {name: spec.serial_fraction for name, spec in orch.pinned.items()}
-        reg.servers.clear()
-        for s in state.servers:
-            rec = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, s.peer_id, s.address,
-                               None if s.planned else now, s.alive, s.dead_reason,
-                               serial_fraction=serial.get(s.name, 0.0))
-            if s.assignment is not None:
-                rec.assignment = Assignment(s.name, *s.assignment)
-            if s.previous_assignment is not None:
-                rec.previous_assignment = Assignment(s.name, *s.previous_assignment)
-            reg.servers[s.name] = rec
-        reg.version = max(reg.version, int(state.meta.get("version", "0")))
-        reg.generation += 1
-        orch.recompose_now()
-    leases = []
-    for x in state.leases:
-        if x.ttl_s <= 0:
-            raise StoreError(f"{store.path}: lease {x.lease_id} has ttl_s {x.ttl_s}")
-        leases.append(Lease(x.lease_id, x.job, chain_from_json(x.chain), None, -1, x.version, now, now + x.ttl_s,
-                            x.ttl_s, x.waited_s, x.client, x.replaces, x.request_id))
-    loop = asyncio.get_running_loop()
-    waiters = [
-        _Waiter(w.job, loop.create_future(), now - max(0.0, time.time() - w.arrival_unix_s), w.ttl_s, w.client,
-                w.replaces, w.request_id, now + attach_grace_s)
-        for w in state.waiting
-    ]
-    orch.leases.restore(leases, waiters, int(state.meta.get("next_job", "0")))
-    p = Persistence(orch, store, dict(state.meta))
-    if group_commit:
-        p.group = GroupCommit(store)
-        orch.durable = p.group.durable
-    orch.leases.journal = p
-    orch.on_change = p.save_registry
-    p.save_registry()
-    # Restoring may already have granted slots to restored requests (chains offered at once): store the result.
-    lm = orch.leases
-    now_unix = time.time()
-    store.replace_leases_and_queue(
-        [_stored_lease(x) for x in lm.leases()],
-        [StoredWaiter(w.job, w.request_id, w.ttl_s, w.client, w.replaces, now_unix - (now - w.arrival_s))
-         for w in waiters if w.job in lm._waiting],
-        lm._next_job)
-    if state.servers or leases or waiters:
-        log.warning("restored from %s: %d servers, %d leases, %d waiting requests (composition v%d)", store.path,
-                    len(state.servers), len(leases), len(waiters), reg.version)
-    return p
+        Restored servers count as heard from now (a dead one is expired by the heartbeat timeout as usual) and serve
+        nothing until their heartbeats say so; restored leases expire one TTL from now unless renewed; restored
+        waiting requests keep their order and are dropped after ``attach_grace_s`` unless their clients come back
+        for them (POST /lease with the same request_id).
+        """
+        asyncio.get_running_loop()  # the waiters' futures need it
+        orch, store, state = self.orch, self.store, self._loaded
+        reg = orch.registry
+        now = orch.clock()
+        if state.servers:
+            # σ is not stored: it comes from the cluster file this orchestrator was started with, as before the
+            # restart
+            serial = {name: rec.serial_fraction for name, rec in reg.servers.items()}
+            serial |= {name: spec.serial_fraction for name, spec in orch.pinned.items()}
+            reg.servers.clear()
+            for s in state.servers:
+                rec = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, s.peer_id, s.address,
+                                   None if s.planned else now, s.alive, s.dead_reason,
+                                   serial_fraction=serial.get(s.name, 0.0))
+                if s.assignment is not None:
+                    rec.assignment = Assignment(s.name, *s.assignment)
+                if s.previous_assignment is not None:
+                    rec.previous_assignment = Assignment(s.name, *s.previous_assignment)
+                reg.servers[s.name] = rec
+            reg.version = max(reg.version, int(state.meta.get("version", "0")))
+            reg.generation += 1
+            orch.recompose_now()
+        leases = []
+        for x in state.leases:
+            if x.ttl_s <= 0:
+                raise StoreError(f"{store.path}: lease {x.lease_id} has ttl_s {x.ttl_s}")
+            leases.append(Lease(x.lease_id, x.job, chain_from_json(x.chain), None, -1, x.version, now,
+                                now + x.ttl_s, x.ttl_s, x.waited_s, x.client, x.replaces, x.request_id))
+        loop = asyncio.get_running_loop()
+        waiters = [
+            _Waiter(w.job, loop.create_future(), now - max(0.0, time.time() - w.arrival_unix_s), w.ttl_s, w.client,
+                    w.replaces, w.request_id, now + attach_grace_s)
+            for w in state.waiting
+        ]
+        orch.leases.restore(leases, waiters, int(state.meta.get("next_job", "0")))
+        if self.group_commit:
+            self.group = GroupCommit(store)
+        orch.leases.journal = self
+        self.attached = True
+        self.save_registry()
+        # Restoring may already have granted slots to restored requests (chains offered at once): store the result.
+        lm = orch.leases
+        now_unix = time.time()
+        store.replace_leases_and_queue(
+            [_stored_lease(x) for x in lm.leases()],
+            [StoredWaiter(w.job, w.request_id, w.ttl_s, w.client, w.replaces, now_unix - (now - w.arrival_s))
+             for w in waiters if w.job in lm._waiting],
+            lm._next_job)
+        if state.servers or leases or waiters:
+            log.warning("restored from %s: %d servers, %d leases, %d waiting requests (composition v%d)", store.path,
+                        len(state.servers), len(leases), len(waiters), reg.version)

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.leases import Lease, LeaseManager, UnknownLeaseError
-from petals_chain.torta.chain_score import GreedyScoreChains
+from petals_chain.orchestrator.lease_policy import JFFC_POLICY, LeasePolicy
+from petals_chain.orchestrator.leases import Lease, UnknownLeaseError
+from petals_chain.torta.live import GreedyScorePolicy
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError, RegionLoad, nearest, place_by_rtt, \
     rtt_vector
 
@@ -31,13 +32,7 @@ log = logging.getLogger(__name__)
 MAX_DECISIONS = 10_000  # routing decisions kept for GET /macro (the newest)
 
 
-class GreedyScoreLeaseManager(LeaseManager):
-    """Leases within a region by the micro layer's greedy score (7)–(10) instead of JFFC's fastest free chain."""
-
-    policy_cls = GreedyScoreChains
-
-
-MICRO = {"jffc": LeaseManager, "greedy": GreedyScoreLeaseManager}  # how a region picks a chain
+MICRO: dict[str, LeasePolicy] = {"jffc": JFFC_POLICY, "greedy": GreedyScorePolicy()}  # how a region picks a chain
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,8 @@ class RegionalOrchestrator:
     """Orchestrators per region behind the macro layer; every method is called on the event loop."""
 
     def __init__(self, regions: Mapping[str, Orchestrator], macro: RegionalMacro, *, policy: str = "torta",
-                 clock: Callable[[], float] = time.monotonic, anchors: Mapping[str, str] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, anchors: Mapping[str, str] | None = None,
+                 dht_info: Mapping[str, Any] | None = None) -> None:
         if list(regions) != macro.names:
             raise RegionError(f"regions: {list(regions)} differ from the macro layer's {macro.names}")
         self.regions = dict(regions)
@@ -73,7 +69,7 @@ class RegionalOrchestrator:
         self.policy = self.check_policy(policy)
         self.clock = clock
         self.http_errors: dict[int, int] = {}  # the API's error middleware counts here
-        self.dht_info: dict[str, Any] | None = None
+        self.dht_info: dict[str, Any] | None = dict(dht_info) if dht_info is not None else None  # the DHT it runs
         self.lease_region: dict[str, tuple[str, str]] = {}  # lease id -> (region, origin)
         self.decisions: list[Decision] = []
         self.plans: list[dict[str, Any]] = []  # one row per slot: slot, plan, forecast, queue, capacity

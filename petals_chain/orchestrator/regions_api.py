@@ -214,7 +214,6 @@ def build_regional_app(reg: RegionalOrchestrator, *, token: str | None = None, r
     app.router.add_post("/macro/policy", _set_policy)
     app.router.add_post("/macro/slot", _new_slot)
     for name, orch in reg.regions.items():
-        orch.dht_info = reg.dht_info
         app.add_subapp(f"/regions/{name}/", build_app(orch, token=token, sweep_interval_s=sweep_interval_s))
 
     async def start_slots(app: web.Application) -> None:

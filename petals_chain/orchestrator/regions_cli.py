@@ -10,10 +10,12 @@ one line, exit 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,9 +96,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily: the event loop's modules)
+def build(args: argparse.Namespace, *, dht_info: dict[str, Any] | None = None):  # -> RegionalOrchestrator (lazy)
     """The region orchestrators and the macro layer the arguments describe."""
+    from petals_chain.orchestrator.config import OrchestratorConfig
     from petals_chain.orchestrator.core import Orchestrator
+    from petals_chain.orchestrator.leases import LeaseManager
     from petals_chain.orchestrator.regions import MICRO, RegionalOrchestrator
 
     names = [n.strip() for n in args.regions.split(",") if n.strip()]
@@ -121,10 +125,12 @@ def build(args: argparse.Namespace):  # -> RegionalOrchestrator (imported lazily
     regions = {}
     for name in names:
         registry, _ = build_registry(args)
-        regions[name] = Orchestrator(registry, lease_ttl_s=args.lease_ttl_s,
-                                     heartbeat_timeout_s=args.heartbeat_timeout_s or None, offer_when_serving=True,
-                                     lease_manager=MICRO[args.micro])
-    return RegionalOrchestrator(regions, macro, policy=args.policy, anchors=anchor_map(args.anchors, names))
+        config = OrchestratorConfig(lease_ttl_s=args.lease_ttl_s, heartbeat_timeout_s=args.heartbeat_timeout_s or None,
+                                    offer_when_serving=True, dht_info=dht_info)
+        leases = functools.partial(LeaseManager, policy=MICRO[args.micro])
+        regions[name] = Orchestrator(registry, config, lease_manager=leases)
+    return RegionalOrchestrator(regions, macro, policy=args.policy, anchors=anchor_map(args.anchors, names),
+                                dht_info=dht_info)
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -132,15 +138,15 @@ async def _run(args: argparse.Namespace) -> None:
     from petals_chain.orchestrator.api import serve
     from petals_chain.orchestrator.regions_api import build_regional_app
 
-    reg = build(args)
-    dht = None
+    dht = dht_info = None
     if args.start_dht:
         from petals_chain.orchestrator.dht import start_dht
         from petals_chain.protocol.dht_prefix import dht_prefix_for
 
         dht = start_dht([], args.dht_host_maddrs)
-        reg.dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": dht_prefix_for(args.model_name)}
+        dht_info = {"initial_peers": dht.visible_maddrs, "dht_prefix": dht_prefix_for(args.model_name)}
         print(f"dht listening on {' '.join(dht.visible_maddrs)}", flush=True)
+    reg = build(args, dht_info=dht_info)
 
     def ready(host: str, port: int) -> None:
         """The line scripts wait for."""

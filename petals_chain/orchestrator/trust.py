@@ -32,19 +32,24 @@ VERIFY_INTERVAL_S = 1.0  # how often unverified servers are looked for
 class Trust:
     """Belief about each server, consulted before a chain is offered (:meth:`may_offer`)."""
 
-    def __init__(self, orch: Orchestrator, verifier: PeerVerifier | None = None, *,
+    def __init__(self, verifier: PeerVerifier | None = None, *,
                  verify_timeout_s: float = VERIFY_TIMEOUT_S, limiter: FalseReportLimiter | None = None) -> None:
-        self.orch = orch
+        """Built before the orchestrator and handed to it, which binds it (:meth:`bind`); without a verifier every
+        server is believed and only the operator's cordon withholds chains."""
         self.verifier = verifier
         self.verify_timeout_s = verify_timeout_s
-        self.limiter = limiter or FalseReportLimiter(orch.clock)
+        self._limiter = limiter
         self.verified: dict[str, tuple[str, int, int]] = {}  # name → (peer id, start, end) seen served
         self.cordoned: dict[str, str] = {}  # name → why the operator cordoned it (no new leases through it)
         self.false_reports = 0
         self._since: dict[tuple[str, str | None, int, int], float] = {}  # what awaits proof → since when
         self._checks: dict[str, asyncio.Task[bool]] = {}  # suspect → its running check (shared by reporters)
-        orch.registry.hold_new = verifier is not None
-        orch.trust = self
+
+    def bind(self, orch: Orchestrator) -> None:
+        """Serve ``orch`` (its constructor calls this once): its registry holds new servers out while verifying."""
+        self.orch = orch
+        self.limiter = self._limiter or FalseReportLimiter(orch.clock)
+        orch.registry.hold_new = self.verifier is not None
 
     # ---- offering ---------------------------------------------------------------------------------
 

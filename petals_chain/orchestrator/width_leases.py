@@ -19,7 +19,7 @@ import numpy as np
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.leases import Lease, LeaseManager
-from petals_chain.orchestrator.width import WidthPolicy, width_method
+from petals_chain.moldable.live import WidthPolicy, width_method
 from petals_chain.moldable.speedup import SpeedUp
 
 
@@ -29,7 +29,6 @@ class LeaseWidths:
 
     def __init__(
         self,
-        leases: LeaseManager,
         speedup: SpeedUp,
         policy: str,
         rng: np.random.Generator,
@@ -39,13 +38,17 @@ class LeaseWidths:
         headroom: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.leases = leases
+        """Built before the orchestrator and handed to it, which binds it to its lease manager (:meth:`bind`)."""
         self.clock = clock
         self.priors = (mean_size_s, mean_interarrival_s)
         self.rule = WidthPolicy(
             1, speedup, policy, rng, mean_size_s=mean_size_s, mean_interarrival_s=mean_interarrival_s, headroom=headroom
         )
         self._widths: dict[str, int] = {}  # lease id → width, for leases that asked for one
+
+    def bind(self, leases: LeaseManager) -> None:
+        """Choose widths for the leases of ``leases`` (the orchestrator's constructor calls this once)."""
+        self.leases = leases
 
     @property
     def units(self) -> int:

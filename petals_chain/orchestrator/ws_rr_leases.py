@@ -21,13 +21,14 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from petals_chain import defaults
 from petals_chain.compose.routes import RouteGraph
 from petals_chain.dispatch.ws_rr import WsRr
 from petals_chain.model import Composition, InfeasibleError
 from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.lease_policy import LeaseCapabilities
 from petals_chain.orchestrator.leases import (
     Lease,
     LeaseManager,
@@ -49,6 +50,8 @@ class _Request(_Waiter):
 
 class WsRrLeaseManager(LeaseManager):
     """Leases whose chain is a per-request WS-RR route over the current placement (see the module docstring)."""
+
+    capabilities: ClassVar[LeaseCapabilities] = LeaseCapabilities(routes_over_placement=True, fixed_chains=False)
 
     def __init__(self, *, default_ttl_s: float = defaults.LEASE_TTL_S, max_waiting: int = defaults.MAX_WAITING,
                  clock: Callable[[], float] | None = None) -> None:

@@ -58,3 +58,4 @@ class GreedyScoreChains(JFFC):
         if starts:
             self._last[chain] = now
         return starts
+

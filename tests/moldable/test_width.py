@@ -12,7 +12,7 @@ from petals_chain.moldable.width_range import WidthError, check_width
 from petals_chain.model import SpecError
 from petals_chain.moldable.optimal import optimal_allocation
 from petals_chain.moldable.speedup import SpeedUp, SpeedUpError, concave_hull
-from petals_chain.orchestrator.width import WidthChooser, policy_probabilities, width_probabilities
+from petals_chain.moldable.live import WidthChooser, policy_probabilities, width_probabilities
 
 S = SpeedUp((1.0, 1.8, 2.5, 3.0, 3.4))
 

@@ -20,6 +20,7 @@ from petals_chain.cli_args import (
     size_range,
 )
 from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.registry import Registry
 
@@ -113,4 +114,4 @@ def test_orchestrator_refuses_bad_settings_from_code_too(kwargs: dict) -> None:
     """Built from code rather than the command line, the same settings are refused naming the field."""
     field = next(iter(kwargs)).replace("lease_ttl_s", "default_ttl_s")
     with pytest.raises(SpecError, match=field):
-        Orchestrator(Registry(ModelSpec(4, 1e9, 1e8, "tiny"), arrival_rate=0.5), **kwargs)
+        Orchestrator(Registry(ModelSpec(4, 1e9, 1e8, "tiny"), arrival_rate=0.5), OrchestratorConfig(**kwargs))

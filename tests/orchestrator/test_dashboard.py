@@ -192,8 +192,7 @@ def test_dashboard_under_ws_rr_routing_lists_what_chains_lists() -> None:
     from tests.orchestrator.test_orchestrator import BASE_CHAINS, hand_composition
 
     async def body() -> None:
-        orch = make_orchestrator()
-        orch.leases = WsRrLeaseManager(default_ttl_s=60.0, clock=orch.clock)
+        orch = make_orchestrator(lease_manager=WsRrLeaseManager)
         orch.install(hand_composition(orch.registry, BASE_CHAINS))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             for _ in range(3):

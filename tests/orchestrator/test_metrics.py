@@ -197,8 +197,7 @@ def test_metrics_under_ws_rr_routing() -> None:
     from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 
     async def body() -> None:
-        orch = make_orchestrator()
-        orch.leases = WsRrLeaseManager(default_ttl_s=60.0, clock=orch.clock)
+        orch = make_orchestrator(lease_manager=WsRrLeaseManager)
         orch.install(hand_composition(orch.registry, BASE_CHAINS))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             leases = [await oc.lease(timeout_s=5) for _ in range(3)]

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alia
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
 from petals_chain.orchestrator.api import build_app  # noqa: E402
+from petals_chain.orchestrator.config import OrchestratorConfig  # noqa: E402
 from petals_chain.orchestrator.core import Orchestrator  # noqa: E402
 from petals_chain.orchestrator.registry import Registry  # noqa: E402
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError  # noqa: E402
@@ -49,12 +50,13 @@ def hand_composition(registry: Registry, chains: list[ChainRow]) -> Composition:
 BASE_CHAINS = [(("a",), (4,), 2, 1.0), (("b",), (4,), 1, 2.0), (("d", "e"), (2, 2), 1, 3.0)]
 
 
-def make_orchestrator(**kw: object) -> Orchestrator:
+def make_orchestrator(*, offer_when_serving: bool = False, **kw: object) -> Orchestrator:
     """An orchestrator with servers a, b, d, e registered and the hand-built composition installed."""
     registry = Registry(MODEL, arrival_rate=0.5)
     for n, mem in SERVERS.items():
         registry.register(n, mem, 0.1, 0.01, now_s=time.monotonic(), peer_id=f"peer-{n}", address=f"10.0.0.{len(n)}")
-    orch = Orchestrator(registry, heartbeat_timeout_s=None, **kw)
+    orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=offer_when_serving),
+                        **kw)
     orch.install(hand_composition(registry, BASE_CHAINS))
     return orch
 
@@ -440,7 +442,7 @@ def test_chains_are_offered_only_once_their_servers_serve_their_spans() -> None:
 
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, heartbeat_timeout_s=None, offer_when_serving=True)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             for i in range(3):
                 await oc.register(f"s{i}", memory_bytes=5 * GB, tau_p_s=0.1 * (i + 1), tau_c_s=0.02)
@@ -485,7 +487,7 @@ def test_register_heartbeat_and_report_failure_recompose_with_the_real_pipeline(
 
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, heartbeat_timeout_s=None)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             assert (await oc.health())["composition"] is False
             for i in range(4):
@@ -531,7 +533,7 @@ def test_silent_server_is_marked_dead_and_composed_out() -> None:
 
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, heartbeat_timeout_s=0.4)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=0.4))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             for i in range(3):
                 await oc.register(f"s{i}", memory_bytes=5 * GB, tau_p_s=0.1, tau_c_s=0.02)
@@ -557,7 +559,7 @@ def test_pinned_servers_keep_the_planned_times_and_bad_figures_are_still_refused
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.5)
         plan = ServerSpec("p", 5 * GB, tau_c_s=0.05, tau_p_s=0.5)
-        orch = Orchestrator(registry, heartbeat_timeout_s=None, pinned={"p": plan})
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             await oc.register("p", memory_bytes=5 * GB * (1 + 1e-9), tau_p_s=0.1, tau_c_s=0.01)
             await oc.register("q", memory_bytes=5 * GB, tau_p_s=0.2, tau_c_s=0.02)
@@ -587,7 +589,7 @@ def test_a_pinned_serial_fraction_reaches_the_composition() -> None:
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.2, compose_fn=METHODS["proposed"].compose)
         plan = ServerSpec("p", 8 * GB, tau_c_s=1.0, tau_p_s=0.25, serial_fraction=1.0)  # T = 2 s, D = 1 s per job
-        orch = Orchestrator(registry, heartbeat_timeout_s=None, pinned={"p": plan})
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             await oc.register("p", memory_bytes=8 * GB, tau_p_s=0.1, tau_c_s=0.01)
             assert [ch.capacity for ch in registry.composition.chains] == [2]

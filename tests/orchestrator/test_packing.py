@@ -1,4 +1,4 @@
-"""Consolidation (orchestrator/packing.py): Mell's scheduler packs sessions onto chains and its moves become
+"""Consolidation (mell/live.py): Mell's scheduler packs sessions onto chains and its moves become
 reserved migrations; worst fit, its baseline, never moves and so keeps more servers busy."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from petals_chain.dispatch.base import Start
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.migration import MigratingLeaseManager
-from petals_chain.orchestrator.packing import PackingPolicy
+from petals_chain.mell.live import PackingPolicy
 from petals_chain.protocol.hop import Hop
 from tests.orchestrator.test_orchestrator import run
 

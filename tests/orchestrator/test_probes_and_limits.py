@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 import aiohttp
 import pytest
 
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.protocol.limits import MAX_BODY_BYTES
@@ -41,7 +42,8 @@ def test_ready_is_503_until_a_chain_is_offered_then_200() -> None:
     """No servers: 503; a server registered but not yet serving its span: 503; serving it: 200. /health: always 200."""
 
     async def body() -> None:
-        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5), heartbeat_timeout_s=None, offer_when_serving=True)
+        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5),
+                            OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True))
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             status, reply = await get(http, url + "/ready")
             assert status == 503 and reply["ready"] is False and reply["chains"] == 0
@@ -86,7 +88,7 @@ def test_ready_503_when_no_composition_exists() -> None:
     async def body() -> None:
         registry = Registry(MODEL, arrival_rate=0.5)
         registry.register("tiny", 2 * GB, 0.1, 0.01, now_s=time.monotonic())
-        orch = Orchestrator(registry, heartbeat_timeout_s=None)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
         orch.recompose_now()
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             status, reply = await get(http, url + "/ready")

@@ -14,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer as LoopbackServer
 
 from petals_chain.model import ModelSpec
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.regions import RegionalOrchestrator
 from petals_chain.orchestrator.regions_api import build_regional_app
@@ -31,7 +32,7 @@ def region_orchestrator(servers: dict[str, float]) -> Orchestrator:
     registry = Registry(MODEL, arrival_rate=0.5)
     for name, mem in servers.items():
         registry.register(name, mem, 0.1, 0.01, now_s=time.monotonic(), peer_id=f"peer-{name}")
-    orch = Orchestrator(registry, heartbeat_timeout_s=None)
+    orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
     orch.recompose_now()
     return orch
 

@@ -14,9 +14,10 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest mus
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.api import build_app
+from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import LeaseTimeoutError
-from petals_chain.orchestrator.persist import attach_state
+from petals_chain.orchestrator.persist import Persistence
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.store import StateStore
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorUnreachableError
@@ -46,16 +47,20 @@ def whole_model_chains(servers: tuple[ServerSpec, ...], model: ModelSpec, *_: ob
     return Composition(tuple(servers), model, Placement((1,) * len(servers), (L,) * len(servers)), chains, c=1)
 
 
-def new_orchestrator(clock: Clock, **kw: object) -> Orchestrator:
-    """A fresh orchestrator for MODEL (no servers yet), as the CLI builds it before restoring."""
+def restored(clock: Clock, store: StateStore, attach_grace_s: float, *, offer_when_serving: bool = False
+             ) -> Orchestrator:
+    """A fresh orchestrator for MODEL (no servers yet), as the CLI builds it, restored from ``store``."""
     registry = Registry(MODEL, arrival_rate=0.5, compose_fn=whole_model_chains)
-    return Orchestrator(registry, heartbeat_timeout_s=None, clock=clock, **kw)
+    state = Persistence(store)
+    orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=offer_when_serving),
+                        clock=clock, state=state)
+    state.restore(attach_grace_s=attach_grace_s)
+    return orch
 
 
 async def registered(clock: Clock, store: StateStore) -> Orchestrator:
     """A first run: attached to an empty store, then four servers register and the composition follows them."""
-    orch = new_orchestrator(clock)
-    attach_state(orch, store, attach_grace_s=30.0)
+    orch = restored(clock, store, 30.0)
     for k, (name, memory) in enumerate(SERVERS.items()):
         await orch.register(RegisterBody(name=name, memory_bytes=memory, tau_p_s=0.01 * (k + 1), tau_c_s=0.05,
                                          peer_id=f"peer-{name}"))
@@ -71,9 +76,8 @@ def occupancy(orch: Orchestrator) -> list[tuple[int, int]]:
 async def crash(orch: Orchestrator, tasks: list[asyncio.Task]) -> None:
     """The process dies once what its clients were told is committed (the API answers only then): nothing more
     reaches the store, and its waiting HTTP handlers vanish."""
-    await orch.durable()
-    orch.leases.journal = None
-    orch.on_change = None
+    await orch.state.durable()
+    orch.state.detach()
     for t in tasks:
         t.cancel()
 
@@ -96,8 +100,7 @@ def test_restart_keeps_composition_leases_and_queue_order(tmp_path: Path) -> Non
         store.close()
 
         clock.now_s += 5.0
-        second = new_orchestrator(clock)
-        attach_state(second, StateStore(tmp_path / "state.db"), attach_grace_s=30.0)
+        second = restored(clock, StateStore(tmp_path / "state.db"), 30.0)
         assert [(c.key, c.capacity) for c in second.composed] == chains  # the swarm serves the same chains
         assert second.registry.version > first.registry.version
         assert {r.name: r.peer_id for r in second.registry.servers.values()} == {n: f"peer-{n}" for n in SERVERS}
@@ -136,8 +139,7 @@ def test_a_restored_request_whose_client_never_returns_leaves_the_queue(tmp_path
         await asyncio.sleep(0.01)
         await crash(first, [gone])
 
-        second = new_orchestrator(clock)
-        attach_state(second, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
+        second = restored(clock, StateStore(tmp_path / "state.db"), 10.0)
         assert second.leases.queue_length() == 1
         clock.now_s += 9.0
         second.leases.expire_due()
@@ -147,9 +149,8 @@ def test_a_restored_request_whose_client_never_returns_leaves_the_queue(tmp_path
         assert second.leases.queue_length() == 0
         second.leases.release(held[0].lease_id)
         assert second.leases.free_capacity() == 1  # the slot is not held for the vanished request
-        await second.durable()
-        third = new_orchestrator(clock)
-        attach_state(third, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
+        await second.state.durable()
+        third = restored(clock, StateStore(tmp_path / "state.db"), 10.0)
         assert third.leases.queue_length() == 0 and len(third.leases.leases()) == capacity - 1
 
     asyncio.run(main())
@@ -167,8 +168,7 @@ def test_chains_wait_for_heartbeats_and_leases_reclaim_their_slots_first(tmp_pat
         held = [await first.leases.acquire(timeout_s=1) for _ in range(capacity)]
         await crash(first, [])
 
-        second = new_orchestrator(clock, offer_when_serving=True)
-        attach_state(second, StateStore(tmp_path / "state.db"), attach_grace_s=10.0)
+        second = restored(clock, StateStore(tmp_path / "state.db"), 10.0, offer_when_serving=True)
         assert second.leases.chains == []
         newcomer = asyncio.create_task(second.leases.acquire(timeout_s=60))
         await asyncio.sleep(0.01)
@@ -230,11 +230,10 @@ def test_client_retries_while_the_orchestrator_is_down_and_gives_up_after_its_bo
 
 def test_no_lease_without_chains_times_out_as_before(tmp_path: Path) -> None:
     async def main() -> None:
-        orch = new_orchestrator(Clock())
-        attach_state(orch, StateStore(tmp_path / "state.db"), attach_grace_s=1.0)
+        orch = restored(Clock(), StateStore(tmp_path / "state.db"), 1.0)
         with pytest.raises(LeaseTimeoutError):
             await orch.leases.acquire(timeout_s=0.05, request_id="x")
-        await orch.durable()
+        await orch.state.durable()
         assert StateStore(tmp_path / "state.db").load().waiting == []  # it left the stored queue too
 
     asyncio.run(main())
@@ -246,7 +245,7 @@ def test_group_commit_batches_writes_and_keeps_their_order(tmp_path: Path) -> No
     async def main() -> None:
         clock = Clock()
         orch = await registered(clock, StateStore(tmp_path / "state.db", synchronous="full"))
-        await orch.durable()
+        await orch.state.durable()
         group = orch.leases.journal.group
         before = group.commits
         leases = [await orch.leases.acquire(timeout_s=1, request_id=f"r{i}") for i in range(6)]
@@ -254,7 +253,7 @@ def test_group_commit_batches_writes_and_keeps_their_order(tmp_path: Path) -> No
             orch.leases.release(x.lease_id)
         waiting = asyncio.create_task(orch.leases.acquire(timeout_s=60, request_id="w"))
         await asyncio.sleep(0)
-        await orch.durable()
+        await orch.state.durable()
         assert group.commits - before < 10  # 10 writes (6 grants, 3 ends, 1 grant), fewer transactions
         got = StateStore(tmp_path / "state.db").load()
         assert [x.lease_id for x in got.leases] == [x.lease_id for x in leases[3:]] + [(await waiting).lease_id]

@@ -46,8 +46,8 @@ def test_explicit_sizes_override_the_checkpoint_and_contradictions_are_refused()
 
 @needs_smol
 def test_get_swarm_gives_the_dht_and_the_model_and_needs_the_token() -> None:
-    orch, _ = build_orchestrator(parse_args(["--model", str(SMOL), "--max-length", "256"]))
-    orch.dht_info = {"initial_peers": PEERS, "dht_prefix": "SmolLM2-135M-Instruct"}
+    orch, _ = build_orchestrator(parse_args(["--model", str(SMOL), "--max-length", "256"]),
+                                 dht_info={"initial_peers": PEERS, "dht_prefix": "SmolLM2-135M-Instruct"})
 
     async def body() -> None:
         async with serving(orch, token="s3cret") as url:

@@ -17,7 +17,7 @@ from petals_chain.moldable.speedup import SpeedUp
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.cli import main as orchestrator_main
 from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.width import WIDTH_METHODS, speedup_profile, width_probabilities
+from petals_chain.moldable.live import WIDTH_METHODS, speedup_profile, width_probabilities
 from petals_chain.orchestrator.width_leases import LeaseWidths
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
@@ -42,8 +42,9 @@ def _widths(capacity: int, policy: str = "greedy-p", seed: int = 3) -> tuple[Lea
     lm = LeaseManager(clock=clock)
     lm.set_chains([ChainInfo((Hop("x", 0, 4),), capacity=capacity, service_time_s=1.0, chain_id="x")], 1)
     widths = LeaseWidths(
-        lm, S, policy, np.random.default_rng(seed), mean_size_s=1.0, mean_interarrival_s=1.0, headroom=0.7, clock=clock
+        S, policy, np.random.default_rng(seed), mean_size_s=1.0, mean_interarrival_s=1.0, headroom=0.7, clock=clock
     )
+    widths.bind(lm)
     return lm, widths, clock
 
 
@@ -114,19 +115,9 @@ def test_k_max_caps_the_law_and_free_units_cut_the_width_renew_cuts_overcommitme
     run(body())
 
 
-def _attach(orch, policy: str = "greedy-p") -> LeaseWidths:
-    """Give a test orchestrator a width rule over S."""
-    orch.widths = LeaseWidths(
-        orch.leases,
-        S,
-        policy,
-        np.random.default_rng(0),
-        mean_size_s=1.0,
-        mean_interarrival_s=100.0,
-        headroom=0.7,
-        clock=orch.clock,
-    )
-    return orch.widths
+def _rule(policy: str = "greedy-p") -> LeaseWidths:
+    """A width rule over S for a test orchestrator (handed to it at construction)."""
+    return LeaseWidths(S, policy, np.random.default_rng(0), mean_size_s=1.0, mean_interarrival_s=100.0, headroom=0.7)
 
 
 def test_lease_reply_carries_the_width_and_bad_requests_name_the_field() -> None:
@@ -140,7 +131,8 @@ def test_lease_reply_carries_the_width_and_bad_requests_name_the_field() -> None
             with pytest.raises(OrchestratorError, match="k_max.*chooses no speculative widths") as err:
                 await oc.lease(timeout_s=1, k_max=4)
             assert err.value.status == 400
-            _attach(orch)
+        orch = make_orchestrator(widths=_rule())  # the same swarm, choosing widths
+        async with serving(orch) as url, OrchestratorClient(url) as oc:
             lease = await oc.lease(timeout_s=1, k_max=3)
             assert lease.width == 3  # idle swarm: p* puts all mass on the widest allowed width
             assert (await oc.renew(lease.lease_id)).width == 3
@@ -231,8 +223,7 @@ def test_a_failover_replacement_keeps_the_width() -> None:
     """report-failure: the replacement lease keeps the width its session had."""
 
     async def body() -> None:
-        orch = make_orchestrator()
-        _attach(orch, "fixed-max")
+        orch = make_orchestrator(widths=_rule("fixed-max"))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             lease = await oc.lease(timeout_s=1, k_max=2)
             assert lease.width == 2

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from petals_chain.dispatch.jffc import JFFC
-from petals_chain.orchestrator.regions import GreedyScoreLeaseManager
+from petals_chain.orchestrator.leases import LeaseManager
 from petals_chain.torta.chain_score import GreedyScoreChains, chain_scores
+from petals_chain.torta.live import GreedyScorePolicy
 
 
 def test_scores_are_the_weighted_sum_of_hardware_load_and_locality() -> None:
@@ -44,6 +45,6 @@ def test_lease_manager_uses_the_greedy_rule() -> None:
     from petals_chain.orchestrator.chains import ChainInfo
     from petals_chain.protocol.hop import Hop
 
-    lm = GreedyScoreLeaseManager()
+    lm = LeaseManager(policy=GreedyScorePolicy())
     lm.set_chains([ChainInfo((Hop("a", 0, 4),), 2, 1.0, "c0")], 1)
     assert isinstance(lm._policy, GreedyScoreChains)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from petals_chain.orchestrator.regions_cli import build, parse_args
-from petals_chain.torta import live
+from petals_chain.torta import live_demo
 from petals_chain.torta.regional import FORECAST_SLOTS, RegionLoad
 from petals_chain.experiments.torta_train import main as train_main
 
@@ -17,18 +17,18 @@ from petals_chain.experiments.torta_train import main as train_main
 def test_live_scenario_is_the_replayed_workload() -> None:
     """The scenario's tasks are exactly the seed's live arrivals (origin and time), binned by the live slot; the
     training seeds differ from the replayed one; the forecast is the live moving average."""
-    sc = live.live_scenario(1)
-    times = live.arrivals(np.random.default_rng(1), False)
-    want = sorted((t, live.REGIONS.index(o)) for o in live.ORIGINS for t in times[o])
+    sc = live_demo.live_scenario(1)
+    times = live_demo.arrivals(np.random.default_rng(1), False)
+    want = sorted((t, live_demo.REGIONS.index(o)) for o in live_demo.ORIGINS for t in times[o])
     got = list(zip(sc.tasks.arrival_s.tolist(), sc.tasks.origin.tolist()))
-    assert got == want and sc.params.slot_s == live.SLOT_S and sc.params.server_slots == live.SLOTS_PER_SERVER
-    assert np.array_equal(sc.tasks.slot, (sc.tasks.arrival_s // live.SLOT_S).astype(int))
-    train = live.training_scenarios(1)
+    assert got == want and sc.params.slot_s == live_demo.SLOT_S and sc.params.server_slots == live_demo.SLOTS_PER_SERVER
+    assert np.array_equal(sc.tasks.slot, (sc.tasks.arrival_s // live_demo.SLOT_S).astype(int))
+    train = live_demo.training_scenarios(1)
     assert all(not np.array_equal(s.tasks.arrival_s, sc.tasks.arrival_s) for s in train)
     counts = sc.tasks.counts(sc.slots, 3).astype(float)
     t = 12
-    assert np.allclose(live.live_forecast(counts, t), counts[t - FORECAST_SLOTS:t].mean(0))
-    assert np.array_equal(live.live_forecast(counts, 0), np.zeros(3))
+    assert np.allclose(live_demo.live_forecast(counts, t), counts[t - FORECAST_SLOTS:t].mean(0))
+    assert np.array_equal(live_demo.live_forecast(counts, 0), np.zeros(3))
 
 
 def test_trained_live_checkpoint_drives_torta_ppo(tmp_path: Path) -> None:
@@ -37,8 +37,8 @@ def test_trained_live_checkpoint_drives_torta_ppo(tmp_path: Path) -> None:
     assert train_main(["--topology", "live3", "--episodes", "2", "--seed", "3", "--out", str(tmp_path)]) == 0
     ck = tmp_path / "checkpoints" / "live3-ep2.pt"
     assert (tmp_path / "torta-train-live3.csv").read_text().count("\n") == 3  # header + one row per episode
-    lat = ";".join(",".join(f"{x:g}" for x in row) for row in live.LATENCY_MS)
-    reg = build(parse_args(["--regions", ",".join(live.REGIONS), "--latency-ms", lat, "--ppo-checkpoint", str(ck),
+    lat = ";".join(",".join(f"{x:g}" for x in row) for row in live_demo.LATENCY_MS)
+    reg = build(parse_args(["--regions", ",".join(live_demo.REGIONS), "--latency-ms", lat, "--ppo-checkpoint", str(ck),
                             "--model-blocks", "4", "--block-bytes", "1e9", "--cache-bytes", "1e8"]))
     assert reg.check_policy("torta-ppo") == "torta-ppo"
     reg.macro.counts[:] = [6.0, 1.0, 0.0]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from petals_chain.dispatch.base import Start, check_chains
 from petals_chain.mell.baselines import FitScheduler
@@ -193,3 +194,23 @@ class PackingPolicy:
     def servers_in_use(self) -> int:
         """Chains holding at least one session: the scheduler's GPUs."""
         return len(set(self._where.values()))
+
+
+@dataclass(frozen=True)
+class PackingLeasePolicy:
+    """A lease policy (``orchestrator.lease_policy.LeasePolicy``, satisfied structurally): the packer ``name``
+    decides which chain each waiting session starts on, and may move running ones."""
+
+    name: str
+    """The packer (one of :data:`PACKERS`)."""
+
+    def dispatcher(self, rates: Sequence[float], capacities: Sequence[int]) -> PackingPolicy:
+        """The packer's books over chains with these rates and capacities."""
+        return PackingPolicy(rates, capacities, self.name)
+
+
+def packing_policy(packer: str) -> PackingLeasePolicy:
+    """The lease policy of ``packer`` (SpecError naming the field if unknown)."""
+    if packer not in PACKERS:
+        raise SpecError(f"packing: field 'packer' must be one of {PACKERS}, got {packer!r}")
+    return PackingLeasePolicy(packer)

@@ -1,5 +1,6 @@
-"""Each session's speculative width by greedy(p*) from the measured load, with headroom (docs/moldable.md,
-"Speculative width on the swarm"); the method table, the width rule and the measured s(k) profile.
+"""The orchestrator's live width rule: each session's speculative width by greedy(p*) from the measured load, with
+headroom; the method table, the width rule and the measured s(k) profile
+(docs/moldable.md, "Speculative width on the swarm").
 
 The swarm offers ``units`` width units; a session verifying ``k`` positions per step holds ``k`` of them. The load
 is λ = (arrival rate) · E[S] / units, with E[S] a session's service time at width 1; both are measured (EWMA). The
