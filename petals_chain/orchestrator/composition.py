@@ -10,7 +10,6 @@ servers and only installs what this policy computed. Its defaults are the comman
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,10 +55,6 @@ class CompositionPolicy:
             raise bad("tune", f"one of {', '.join(CRITERIA)}")
         object.__setattr__(self, "arrival_rate", float(self.arrival_rate))
         object.__setattr__(self, "target_load", float(self.target_load))
-
-    def replace(self, **changes: Any) -> CompositionPolicy:
-        """A copy with ``changes`` (validated again)."""
-        return dataclasses.replace(self, **changes)
 
     def compose(self, servers: Sequence[ServerSpec], model: ModelSpec) -> Composition:
         """Run the composer on the given servers (pure; safe to call off the event loop)."""
