@@ -56,14 +56,18 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
                  tls: tuple[str, str] | None = None) -> None:
     """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
     ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key)."""
+    from petals_chain.compose.method_table import paper_composition
     from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.composition import CompositionPolicy
     from petals_chain.orchestrator.config import OrchestratorConfig
     from petals_chain.orchestrator.core import Orchestrator
     from petals_chain.orchestrator.exposure import server_tls
     from petals_chain.orchestrator.registry import Registry
 
     comp = synthetic_composition(num_chains, np.random.default_rng(seed))
-    registry = Registry(MODEL, arrival_rate=1.0)
+    registry = Registry(MODEL)
+    # the composer its numbers were taken with (a restore recomposes the planned servers)
+    composing = CompositionPolicy(paper_composition, arrival_rate=1.0)
     registry.add_planned(comp.servers)
 
     async def main() -> None:
@@ -75,7 +79,8 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
 
             sync, _, unbatched = mode.partition("-")
             state = Persistence(StateStore(state_db, synchronous=sync), group_commit=not unbatched)
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), state=state)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=composing,
+                            state=state)
         orch.install(comp)
         if state is not None:
             state.restore(attach_grace_s=60.0)

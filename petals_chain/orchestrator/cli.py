@@ -40,6 +40,7 @@ from petals_chain.cli_args import (
 from petals_chain.compose.method_table import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, ServerSpec, SpecError
 from petals_chain.orchestrator.auth import Credentials
+from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
 from petals_chain.orchestrator.leases import LeaseManager
@@ -202,12 +203,14 @@ def checkpoint_model(args: argparse.Namespace) -> tuple[argparse.Namespace, dict
     return argparse.Namespace(**{**vars(args), **filled}), info
 
 
-def build_registry(args: argparse.Namespace, method: Method | None = None) -> tuple[Registry, list]:
-    """The registry for the model and load the arguments describe (composed the method's way), the planned servers."""
+def registry_and_policy(args: argparse.Namespace, method: Method | None = None,
+                        ) -> tuple[Registry, CompositionPolicy, list[ServerSpec]]:
+    """The registry for the model the arguments describe (planned servers added), how it is composed (the method's
+    composer; λ and ρ̄ from the flags, else the cluster file, else the defaults; --c, --tune) and the planned servers."""
     method = method or live_method(args.method, orchestrated=True, field="--method")
     if not method.tunes_c and (args.c is not None or args.tune is not None):
         raise SpecError(f"--c/--tune: method {method.name} does not tune c")
-    planned: list = []
+    planned: list[ServerSpec] = []
     if args.cluster:
         from petals_chain.compose.cluster_file import load_cluster
 
@@ -217,8 +220,7 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
             raise SpecError(
                 f"--model-blocks {args.model_blocks} contradicts {args.cluster}: model has {model.num_blocks} blocks"
             )
-        arrival = args.arrival_rate if args.arrival_rate is not None else cluster.load.arrival_rate
-        target = args.target_load if args.target_load is not None else cluster.load.target_load
+        arrival, target = cluster.load.arrival_rate, cluster.load.target_load
         planned = list(cluster.servers)
     else:
         missing = [f for f in ("model_blocks", "block_bytes", "cache_bytes") if getattr(args, f) is None]
@@ -226,15 +228,18 @@ def build_registry(args: argparse.Namespace, method: Method | None = None) -> tu
             flags = ", ".join("--" + f.replace("_", "-") for f in missing)
             raise SpecError(f"give --cluster FILE, or the model: missing {flags}")
         model = ModelSpec(args.model_blocks, args.block_bytes, args.cache_bytes, args.model_name)
-        arrival = args.arrival_rate if args.arrival_rate is not None else defaults.ARRIVAL_RATE
-        target = args.target_load if args.target_load is not None else defaults.TARGET_LOAD
-    registry = Registry(
-        model, arrival_rate=arrival, target_load=target, c=args.c, tune=args.tune or "lower",
-        max_memory_bytes=args.max_memory_bytes, compose_fn=method.compose,
+        arrival, target = defaults.ARRIVAL_RATE, defaults.TARGET_LOAD
+    policy = CompositionPolicy(
+        method.compose,
+        arrival_rate=args.arrival_rate if args.arrival_rate is not None else arrival,
+        target_load=args.target_load if args.target_load is not None else target,
+        c=args.c,
+        tune=args.tune or "lower",
     )
+    registry = Registry(model, max_memory_bytes=args.max_memory_bytes)
     if planned:
         registry.add_planned(planned)
-    return registry, planned
+    return registry, policy, planned
 
 
 def engine_config(args: argparse.Namespace, *, planned: Sequence[ServerSpec] = (),
@@ -257,21 +262,24 @@ def engine_config(args: argparse.Namespace, *, planned: Sequence[ServerSpec] = (
 
 class Parts(NamedTuple):
     """What the arguments describe before the orchestrator is assembled: its method, the arguments with the
-    checkpoint's sizes filled in, the registry (planned servers added), and the settings."""
+    checkpoint's sizes filled in, the registry (planned servers added), how it is composed, and the settings."""
 
     method: Method
     args: argparse.Namespace
     registry: Registry
-    planned: list
+    composition_policy: CompositionPolicy
+    planned: list[ServerSpec]
     config: OrchestratorConfig
 
 
 def build_parts(args: argparse.Namespace) -> Parts:
-    """The method, registry and settings the arguments describe (bad arguments: SpecError before anything starts)."""
+    """The method, registry, composition policy and settings the arguments describe (bad arguments: SpecError before
+    anything starts)."""
     method = live_method(args.method, orchestrated=True, field="--method")
     args, model_source = checkpoint_model(args)
-    registry, planned = build_registry(args, method)
-    return Parts(method, args, registry, planned, engine_config(args, planned=planned, model_source=model_source))
+    registry, policy, planned = registry_and_policy(args, method)
+    return Parts(method, args, registry, policy, planned,
+                 engine_config(args, planned=planned, model_source=model_source))
 
 
 def assemble(parts: Parts, *, dht_info: Mapping[str, Any] | None = None, trust: Trust | None = None,
@@ -284,9 +292,10 @@ def assemble(parts: Parts, *, dht_info: Mapping[str, Any] | None = None, trust: 
     orch = Orchestrator(
         parts.registry,
         config,
+        composition_policy=parts.composition_policy,
         lease_manager=_lease_manager(parts.method, config),
         trust=trust,
-        widths=lease_widths(parts.args, parts.method, parts.registry),
+        widths=lease_widths(parts.args, parts.method, parts.composition_policy),
         state=state,
     )
     if parts.planned:
@@ -303,7 +312,7 @@ def build_orchestrator(args: argparse.Namespace, *, dht_info: Mapping[str, Any] 
     return assemble(parts, dht_info=dht_info), parts.method
 
 
-def lease_widths(args: argparse.Namespace, method: Method, registry: Registry) -> LeaseWidths | None:
+def lease_widths(args: argparse.Namespace, method: Method, policy: CompositionPolicy) -> LeaseWidths | None:
     """With --width: the width rule for the orchestrator's leases, s(k) from --speedup-profile; the priors of the
     measured load are the profile's service time at width 1 and the composition's --arrival-rate."""
     width, profile = getattr(args, "width", None), getattr(args, "speedup_profile", None)
@@ -321,9 +330,9 @@ def lease_widths(args: argparse.Namespace, method: Method, registry: Registry) -
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
     speedup, service_s = speedup_profile(profile)
-    gap_s = 1.0 / registry.arrival_rate
+    gap_s = 1.0 / policy.arrival_rate
     return LeaseWidths(speedup, width, np.random.default_rng(args.width_seed),
-                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s, headroom=registry.target_load)
+                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s, headroom=policy.target_load)
 
 
 def _lease_manager(method: Method, config: OrchestratorConfig) -> Callable[..., LeaseManager]:

@@ -1,7 +1,8 @@
 """The orchestrator's state machine: the server registry, the composition and the leases kept consistent.
 
-A registration, a heartbeat that moves a server's times, or a failure leads to a recomposition, whose chains the
-lease manager then offers (only those whose servers are alive and, with ``offer_when_serving``, serve their span).
+A registration, a heartbeat that moves a server's times, or a failure leads to a recomposition (by the
+:class:`~petals_chain.orchestrator.composition.CompositionPolicy` it was built with), whose chains the lease manager
+then offers (only those whose servers are alive and, with ``offer_when_serving``, serve their span).
 Every method runs on the event loop; :mod:`petals_chain.orchestrator.api` puts it behind HTTP.
 """
 
@@ -19,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
+from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.drain import drain_server
 from petals_chain.orchestrator.leases import Lease, LeaseManager
@@ -47,18 +49,21 @@ class Orchestrator:
         registry: Registry,
         config: OrchestratorConfig | None = None,
         *,
+        composition_policy: CompositionPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         lease_manager: Callable[..., LeaseManager] = MigratingLeaseManager,
         trust: Trust | None = None,
         widths: LeaseWidths | None = None,
         state: Persistence | None = None,
     ) -> None:
-        """``config`` holds the settings (validated); the collaborators are built first and handed in, each bound
-        here to this orchestrator: ``trust`` (belief in servers; default: every server believed, none cordoned),
-        ``widths`` (--width: the speculative width of each lease that asks for one) and ``state`` (--state-dir: the
-        store it restores from and journals into)."""
+        """``config`` holds the settings (validated), ``composition_policy`` the method's composer with the load it
+        sizes the chains for (default: the command line's, ``proposed``); the collaborators are built first and
+        handed in, each bound here to this orchestrator: ``trust`` (belief in servers; default: every server
+        believed, none cordoned), ``widths`` (--width: the speculative width of each lease that asks for one) and
+        ``state`` (--state-dir: the store it restores from and journals into)."""
         self.config = config if config is not None else OrchestratorConfig()
         self.registry = registry
+        self.composition_policy = composition_policy if composition_policy is not None else CompositionPolicy()
         # Servers named here keep these τp/τc whatever they report (a profile the operator trusts more than a
         # server's own measurement, e.g. one fitted offline or taken behind emulated WAN delays).
         self.pinned: Mapping[str, ServerSpec] = self.config.pinned
@@ -119,7 +124,7 @@ class Orchestrator:
     def recompose_now(self) -> int:
         """Recompose synchronously (startup, tests): compute for the live servers and install."""
         gen, specs = self.registry.snapshot()
-        comp, err = self.registry.try_compute(specs)
+        comp, err = self.composition_policy.try_compose(specs, self.registry.model)
         self._applied_generation = gen
         return self.install(comp, err)
 
@@ -133,7 +138,8 @@ class Orchestrator:
             loop = asyncio.get_running_loop()
             while self._applied_generation < self.registry.generation:
                 gen, specs = self.registry.snapshot()
-                comp, err = await loop.run_in_executor(None, self.registry.try_compute, specs)
+                comp, err = await loop.run_in_executor(None, self.composition_policy.try_compose, specs,
+                                                       self.registry.model)
                 if self.registry.generation != gen:
                     continue
                 self._applied_generation = gen

@@ -130,7 +130,7 @@ def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
     snap = orch.leases.snapshot()
     chains, offered = _chains(orch)
     recent = orch.leases.recent.newest_first()
-    lam = orch.registry.arrival_rate
+    lam = orch.composition_policy.arrival_rate
     comp = orch.registry.composition
     cnt = orch.leases.counters
     offered_bounds = bounds_json(offered, lam)
@@ -144,7 +144,7 @@ def dashboard_state(orch: Orchestrator) -> dict[str, Any]:
         "composition_error": orch.registry.error,
         "arrival_rate_per_s": lam,
         "routing": "ws-rr" if routes_per_request(orch) else "jffc",
-        "target_load": orch.registry.target_load,
+        "target_load": orch.composition_policy.target_load,
         "states": list(SERVER_STATES),
         "servers": _servers(orch),
         "chains": chains,

@@ -29,8 +29,11 @@ from petals_chain.cli_args import (
     positive_int_arg,
     size_range,
 )
-from petals_chain.model import SpecError
-from petals_chain.orchestrator.cli import TOKEN_ENV, build_registry, run_service
+from petals_chain.compose.method_table import METHODS
+from petals_chain.model import ModelSpec, SpecError
+from petals_chain.orchestrator.cli import TOKEN_ENV, run_service
+from petals_chain.orchestrator.composition import CompositionPolicy
+from petals_chain.orchestrator.registry import Registry
 from petals_chain.torta.regional import POLICIES, RegionalMacro, RegionError
 
 
@@ -90,10 +93,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--start-dht", action="store_true", help="start a DHT node that every region's servers join")
     p.add_argument("--dht-host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"])
     p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    # what build_registry reads besides the model: the single orchestrator's defaults
-    args.method, args.cluster, args.tune, args.max_memory_bytes = "proposed", None, None, defaults.MAX_MEMORY_BYTES
-    return args
+    return p.parse_args(argv)
+
+
+def composition_policy(args: argparse.Namespace) -> CompositionPolicy:
+    """How every region composes its servers: the default method (proposed) at --arrival-rate, --target-load, --c."""
+    return CompositionPolicy(METHODS["proposed"].compose, arrival_rate=args.arrival_rate,
+                             target_load=args.target_load, c=args.c)
 
 
 def build(args: argparse.Namespace, *, dht_info: dict[str, Any] | None = None):  # -> RegionalOrchestrator (lazy)
@@ -122,13 +128,14 @@ def build(args: argparse.Namespace, *, dht_info: dict[str, Any] | None = None): 
             raise RegionError(f"--ppo-checkpoint: trained for {trained} regions, --regions names {n}")
         policy = load_policy(Path(args.ppo_checkpoint), 3 * n + 3 + 2 * n * n).act
     macro = RegionalMacro(names, lat, slot_s=args.slot_s, policy=policy)
+    model = ModelSpec(args.model_blocks, args.block_bytes, args.cache_bytes, args.model_name)
+    composing = composition_policy(args)
     regions = {}
     for name in names:
-        registry, _ = build_registry(args)
         config = OrchestratorConfig(lease_ttl_s=args.lease_ttl_s, heartbeat_timeout_s=args.heartbeat_timeout_s or None,
                                     offer_when_serving=True, dht_info=dht_info)
         leases = functools.partial(LeaseManager, policy=MICRO[args.micro])
-        regions[name] = Orchestrator(registry, config, lease_manager=leases)
+        regions[name] = Orchestrator(Registry(model), config, composition_policy=composing, lease_manager=leases)
     return RegionalOrchestrator(regions, macro, policy=args.policy, anchors=anchor_map(args.anchors, names),
                                 dht_info=dht_info)
 

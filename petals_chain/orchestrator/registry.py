@@ -1,17 +1,18 @@
-"""The orchestrator's registry of live servers and the composition it computed for them.
+"""The orchestrator's table of live servers and the composition installed for them.
 
-Servers register with their memory budget and measured times (τp per block, τc
-from the RTT); every change to the set of live servers is a new composition
-(tune c → GBP-CR → GCA) with a new version number, from which each server's
-blocks are derived as a 0-indexed half-open PETALS span ``start:end``, written
-``{"start": S, "end": E}`` in every JSON body (docs/model.md, "Conventions").
+Servers register with their memory budget and measured times (τp per block, τc from the RTT); every change to the
+set of live servers bumps ``generation``, which calls for a recomposition. The orchestrator computes it with its
+:class:`~petals_chain.orchestrator.composition.CompositionPolicy` from :meth:`Registry.snapshot` and installs it
+here (:meth:`Registry.apply`) with a new version number, from which each server's blocks are derived as a 0-indexed
+half-open PETALS span ``start:end``, written ``{"start": S, "end": E}`` in every JSON body (docs/model.md,
+"Conventions").
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,6 @@ from petals_chain.protocol.limits import MAX_TIME_S
 # A single machine with more than this much accelerator memory is a typo (1 PB default).
 MAX_MEMORY_BYTES = defaults.MAX_MEMORY_BYTES
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
-ComposeFn = Callable[..., Composition]
 
 
 class RegistryError(SpecError):
@@ -143,36 +142,13 @@ def _optional_str(value: Any, field_name: str, max_len: int = 512) -> str | None
     return value
 
 
-def _default_compose() -> ComposeFn:
-    """The lead's pipeline (tune c → GBP-CR → GCA), imported late so the registry loads without it."""
-    from petals_chain.compose.tuning import compose
-
-    return compose
-
-
 class Registry:
-    """Live servers, the current composition, its version and each server's assignment."""
+    """Live servers, the installed composition, its version and each server's assignment (the table only: what
+    to compose and for which load is the orchestrator's :class:`CompositionPolicy`)."""
 
-    def __init__(
-        self,
-        model: ModelSpec,
-        *,
-        arrival_rate: float,
-        target_load: float = defaults.TARGET_LOAD,
-        c: int | None = None,
-        tune: str = "lower",
-        max_memory_bytes: float = MAX_MEMORY_BYTES,
-        compose_fn: ComposeFn | None = None,
-    ) -> None:
+    def __init__(self, model: ModelSpec, *, max_memory_bytes: float = MAX_MEMORY_BYTES) -> None:
         self.model = model
-        self.arrival_rate = check_number(arrival_rate, "arrival_rate", low=0.0, high=1e9, allow_low=False)
-        self.target_load = check_number(target_load, "target_load", low=0.0, high=1.0, allow_low=False)
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise RegistryError(f"field 'c' must be an integer >= 1 or None (tuned), got {c!r}")
-        self.c = c
-        self.tune = tune
         self.max_memory_bytes = max_memory_bytes
-        self._compose_fn = compose_fn
         self.servers: dict[str, ServerRecord] = {}
         self.composition: Composition | None = None
         self.version = 0
@@ -372,16 +348,11 @@ class Registry:
         rec = self.servers.get(name)
         return rec.peer_id if rec else None
 
-    # ---- composition ------------------------------------------------------------------------
+    # ---- the installed composition ----------------------------------------------------------
 
     def snapshot(self) -> tuple[int, tuple[ServerSpec, ...]]:
         """(generation, specs of the live servers): the input of one recomposition."""
         return self.generation, tuple(r.spec() for r in self.alive() if not r.pending)
-
-    def compute(self, specs: Sequence[ServerSpec]) -> Composition:
-        """Run the composition pipeline on the given specs (pure; safe to call off the event loop)."""
-        compose = self._compose_fn or _default_compose()
-        return compose(specs, self.model, self.arrival_rate, self.target_load, c=self.c, tune=self.tune)
 
     def apply(self, composition: Composition | None, error: str | None = None) -> int:
         """Install a composition (or None with the reason); bump the version, derive assignments."""
@@ -407,22 +378,3 @@ class Registry:
                 rec.previous_assignment = rec.assignment
             rec.assignment = new
         return self.version
-
-    def recompose(self) -> Composition | None:
-        """Recompute the composition for the live servers now (synchronously) and install it.
-
-        On an infeasible or empty cluster the composition becomes None and ``error`` says why.
-        """
-        _, specs = self.snapshot()
-        comp, err = self.try_compute(specs)
-        self.apply(comp, err)
-        return comp
-
-    def try_compute(self, specs: Sequence[ServerSpec]) -> tuple[Composition | None, str | None]:
-        """compute(), turning 'no servers' and infeasibility into (None, reason)."""
-        if not specs:
-            return None, "no live servers"
-        try:
-            return self.compute(specs), None
-        except (SpecError, ValueError) as exc:  # InfeasibleError is a ValueError
-            return None, f"{type(exc).__name__}: {exc}"

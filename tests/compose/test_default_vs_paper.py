@@ -15,7 +15,7 @@ from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.analysis.ctmc import erlang_c_mean_response, exact_k2_mean_response
 from petals_chain.compose.method_table import METHODS
 from petals_chain.model import ServerSpec
-from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.service_time import bloom_176b
 from petals_chain.sim.systems import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
@@ -67,7 +67,7 @@ def test_default_mean_is_at_most_papers_exactly_and_in_the_simulator(composition
 
 
 def test_the_orchestrator_composes_the_same_default(compositions):
-    registry = Registry(bloom_176b(), arrival_rate=LAMBDA, compose_fn=METHODS["proposed"].compose)
-    live = registry.compute(SERVERS)
+    policy = CompositionPolicy(METHODS["proposed"].compose, arrival_rate=LAMBDA)
+    live = policy.compose(SERVERS, bloom_176b())
     assert live.c == compositions["proposed"].c
     assert live.chains == compositions["proposed"].chains

@@ -165,7 +165,7 @@ def test_parse_reads_defaults_and_refuses_non_objects() -> None:
 def test_the_registry_refuses_huge_integers_from_any_caller() -> None:
     """Called directly (a cluster file, Python code), the registry answers a 400-digit integer with its own error
     naming the field, not an OverflowError."""
-    registry = Registry(MODEL, arrival_rate=0.5)
+    registry = Registry(MODEL)
     with pytest.raises(RegistryError, match="memory_bytes"):
         registry.register("x", 10**400, 0.1, 0.01, now_s=0.0)
     with pytest.raises(RegistryError, match="tau_c_s"):

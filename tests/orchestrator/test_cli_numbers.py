@@ -114,4 +114,4 @@ def test_orchestrator_refuses_bad_settings_from_code_too(kwargs: dict) -> None:
     """Built from code rather than the command line, the same settings are refused naming the field."""
     field = next(iter(kwargs)).replace("lease_ttl_s", "default_ttl_s")
     with pytest.raises(SpecError, match=field):
-        Orchestrator(Registry(ModelSpec(4, 1e9, 1e8, "tiny"), arrival_rate=0.5), OrchestratorConfig(**kwargs))
+        Orchestrator(Registry(ModelSpec(4, 1e9, 1e8, "tiny")), OrchestratorConfig(**kwargs))

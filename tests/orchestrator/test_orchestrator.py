@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alias: pytest must not collect it)
 
+from petals_chain.compose.method_table import paper_composition  # noqa: E402
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
 from petals_chain.orchestrator.api import build_app  # noqa: E402
+from petals_chain.orchestrator.composition import CompositionPolicy  # noqa: E402
 from petals_chain.orchestrator.config import OrchestratorConfig  # noqa: E402
 from petals_chain.orchestrator.core import Orchestrator  # noqa: E402
 from petals_chain.orchestrator.registry import Registry  # noqa: E402
@@ -29,6 +31,8 @@ from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorEr
 REPO = Path(__file__).resolve().parents[2]
 GB = 1e9
 MODEL = ModelSpec(num_blocks=4, block_bytes=1 * GB, cache_bytes=0.1 * GB, name="tiny")
+# The paper's Algorithm 1 + GCA (c tuned by the lower bound) at λ = 0.5/s: the compositions these tests expect.
+PAPER = CompositionPolicy(paper_composition, arrival_rate=0.5)
 
 # Servers a, b hold the whole model; d holds blocks 1-2 and e blocks 3-4 (1-indexed).
 # Chains, fastest first: (a) T=1 s, c=2; (b) T=2 s, c=1; (d→e) T=3 s, c=1. Total capacity 4.
@@ -52,11 +56,11 @@ BASE_CHAINS = [(("a",), (4,), 2, 1.0), (("b",), (4,), 1, 2.0), (("d", "e"), (2, 
 
 def make_orchestrator(*, offer_when_serving: bool = False, **kw: object) -> Orchestrator:
     """An orchestrator with servers a, b, d, e registered and the hand-built composition installed."""
-    registry = Registry(MODEL, arrival_rate=0.5)
+    registry = Registry(MODEL)
     for n, mem in SERVERS.items():
         registry.register(n, mem, 0.1, 0.01, now_s=time.monotonic(), peer_id=f"peer-{n}", address=f"10.0.0.{len(n)}")
     orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=offer_when_serving),
-                        **kw)
+                        composition_policy=PAPER, **kw)
     orch.install(hand_composition(registry, BASE_CHAINS))
     return orch
 
@@ -441,8 +445,9 @@ def test_chains_are_offered_only_once_their_servers_serve_their_spans() -> None:
     and takes it up again when the server serves once more."""
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True))
+        registry = Registry(MODEL)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER)
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             for i in range(3):
                 await oc.register(f"s{i}", memory_bytes=5 * GB, tau_p_s=0.1 * (i + 1), tau_c_s=0.02)
@@ -486,8 +491,8 @@ def test_register_heartbeat_and_report_failure_recompose_with_the_real_pipeline(
     """Servers register over HTTP → compose(); a reported failure recomposes and re-leases elsewhere."""
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
+        registry = Registry(MODEL)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=PAPER)
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             assert (await oc.health())["composition"] is False
             for i in range(4):
@@ -532,8 +537,8 @@ def test_silent_server_is_marked_dead_and_composed_out() -> None:
     """A registered server that stops heartbeating is dropped from the composition."""
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.5)
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=0.4))
+        registry = Registry(MODEL)
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=0.4), composition_policy=PAPER)
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             for i in range(3):
                 await oc.register(f"s{i}", memory_bytes=5 * GB, tau_p_s=0.1, tau_c_s=0.02)
@@ -557,9 +562,10 @@ def test_pinned_servers_keep_the_planned_times_and_bad_figures_are_still_refused
     from petals_chain.model import ServerSpec
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.5)
+        registry = Registry(MODEL)
         plan = ServerSpec("p", 5 * GB, tau_c_s=0.05, tau_p_s=0.5)
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}))
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}),
+                            composition_policy=PAPER)
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             await oc.register("p", memory_bytes=5 * GB * (1 + 1e-9), tau_p_s=0.1, tau_c_s=0.01)
             await oc.register("q", memory_bytes=5 * GB, tau_p_s=0.2, tau_c_s=0.02)
@@ -587,9 +593,10 @@ def test_a_pinned_serial_fraction_reaches_the_composition() -> None:
     from petals_chain.model import ServerSpec
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.2, compose_fn=METHODS["proposed"].compose)
+        registry = Registry(MODEL)
         plan = ServerSpec("p", 8 * GB, tau_c_s=1.0, tau_p_s=0.25, serial_fraction=1.0)  # T = 2 s, D = 1 s per job
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}))
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, pinned={"p": plan}),
+                            composition_policy=CompositionPolicy(METHODS["proposed"].compose, arrival_rate=0.2))
         async with serving(orch) as url, OrchestratorClient(url) as oc:
             await oc.register("p", memory_bytes=8 * GB, tau_p_s=0.1, tau_c_s=0.01)
             assert [ch.capacity for ch in registry.composition.chains] == [2]

@@ -14,7 +14,7 @@ from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.protocol.limits import MAX_BODY_BYTES
-from tests.orchestrator.test_orchestrator import MODEL, make_orchestrator, serving
+from tests.orchestrator.test_orchestrator import MODEL, PAPER, make_orchestrator, serving
 
 GB = 1e9
 POST_ROUTES = ["/servers/register", "/servers/heartbeat", "/servers/a/leave", "/lease", "/lease/x/renew",
@@ -42,8 +42,8 @@ def test_ready_is_503_until_a_chain_is_offered_then_200() -> None:
     """No servers: 503; a server registered but not yet serving its span: 503; serving it: 200. /health: always 200."""
 
     async def body() -> None:
-        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5),
-                            OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True))
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER)
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             status, reply = await get(http, url + "/ready")
             assert status == 503 and reply["ready"] is False and reply["chains"] == 0
@@ -86,9 +86,9 @@ def test_ready_503_when_no_composition_exists() -> None:
     """A server too small to hold the model: the composition error is the reason /ready gives."""
 
     async def body() -> None:
-        registry = Registry(MODEL, arrival_rate=0.5)
+        registry = Registry(MODEL)
         registry.register("tiny", 2 * GB, 0.1, 0.01, now_s=time.monotonic())
-        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
+        orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=PAPER)
         orch.recompose_now()
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             status, reply = await get(http, url + "/ready")

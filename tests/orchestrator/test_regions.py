@@ -19,6 +19,7 @@ from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.regions import RegionalOrchestrator
 from petals_chain.orchestrator.regions_api import build_regional_app
 from petals_chain.orchestrator.registry import Registry
+from tests.orchestrator.test_orchestrator import PAPER
 from petals_chain.torta.regional import RegionalMacro, RegionError
 
 GB = 1e9
@@ -28,11 +29,11 @@ LAT_S = np.array([[0.005, 0.060, 0.030], [0.060, 0.005, 0.040], [0.030, 0.040, 0
 
 
 def region_orchestrator(servers: dict[str, float]) -> Orchestrator:
-    """One region: its servers registered, composed by the default GBP-CR + GCA."""
-    registry = Registry(MODEL, arrival_rate=0.5)
+    """One region: its servers registered, composed by GBP-CR + GCA (the paper's Algorithm 1)."""
+    registry = Registry(MODEL)
     for name, mem in servers.items():
         registry.register(name, mem, 0.1, 0.01, now_s=time.monotonic(), peer_id=f"peer-{name}")
-    orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None))
+    orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=PAPER)
     orch.recompose_now()
     return orch
 

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest mus
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.api import build_app
+from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import LeaseTimeoutError
@@ -50,10 +51,11 @@ def whole_model_chains(servers: tuple[ServerSpec, ...], model: ModelSpec, *_: ob
 def restored(clock: Clock, store: StateStore, attach_grace_s: float, *, offer_when_serving: bool = False
              ) -> Orchestrator:
     """A fresh orchestrator for MODEL (no servers yet), as the CLI builds it, restored from ``store``."""
-    registry = Registry(MODEL, arrival_rate=0.5, compose_fn=whole_model_chains)
+    registry = Registry(MODEL)
     state = Persistence(store)
     orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=offer_when_serving),
-                        clock=clock, state=state)
+                        composition_policy=CompositionPolicy(whole_model_chains, arrival_rate=0.5), clock=clock,
+                        state=state)
     state.restore(attach_grace_s=attach_grace_s)
     return orch
 

@@ -27,7 +27,7 @@ from petals_chain.orchestrator.trust import Trust
 from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from petals_chain.protocol.requests import HeartbeatBody, RegisterBody
-from tests.orchestrator.test_orchestrator import MODEL, run
+from tests.orchestrator.test_orchestrator import MODEL, PAPER, run
 
 GB = 1e9
 ROLES = Credentials(client="c-tok", server="s-tok", operator="o-tok")
@@ -89,9 +89,8 @@ async def _believed_pair(clock: FakeClock) -> tuple[Orchestrator, Trust, TableSw
     """Servers a and b registered, seen in the 'DHT', serving their spans: their chains are offered."""
     swarm = TableSwarm()
     trust = Trust(swarm, verify_timeout_s=10.0)
-    orch = Orchestrator(Registry(MODEL, arrival_rate=0.5), OrchestratorConfig(heartbeat_timeout_s=None,
-                                                                              offer_when_serving=True),
-                        clock=clock, trust=trust)
+    orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                        composition_policy=PAPER, clock=clock, trust=trust)
     for name in ("a", "b"):
         swarm.present_peers.add(f"P{name}")
         await orch.register(_reg(name, f"P{name}", tau_p_s=0.1 if name == "a" else 0.2))
@@ -179,7 +178,7 @@ async def _wait(pred, timeout_s: float = 5.0) -> None:
 def test_registration_without_peer_id_is_refused_while_verifying() -> None:
     """Nothing to look for in the DHT: a 400 naming the field."""
     trust = Trust(TableSwarm())
-    Orchestrator(Registry(MODEL, arrival_rate=0.5), OrchestratorConfig(heartbeat_timeout_s=None), trust=trust)
+    Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=PAPER, trust=trust)
     with pytest.raises(ValueError, match="peer_id"):
         trust.admit(_reg("x", None))
 
@@ -249,8 +248,8 @@ def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None
     server's own secret; the probe's spoofed heartbeat (serving 0:0 in another's name) is a 403 that changes nothing."""
 
     async def body() -> None:
-        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5),
-                            OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True))
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER)
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             secrets = {}
             for name, tau in (("a", 0.1), ("b", 0.2)):
@@ -326,7 +325,7 @@ def test_metrics_can_be_left_open_and_the_shared_token_grants_every_role() -> No
     """--metrics-open: /metrics for anyone; --token: one secret for client, server and operator."""
 
     async def body() -> None:
-        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5), OrchestratorConfig(heartbeat_timeout_s=None))
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None), composition_policy=PAPER)
         creds = Credentials(client="c", operator="o", server="s", metrics_open=True)
         async with serving(orch, creds) as url, aiohttp.ClientSession() as http:
             async with http.get(url + "/metrics") as r:
@@ -363,8 +362,8 @@ def test_a_planned_server_keeps_its_place_in_the_plan_while_it_proves_itself() -
     async def body() -> None:
         swarm = TableSwarm()
         trust = Trust(swarm)
-        orch = Orchestrator(Registry(MODEL, arrival_rate=0.5),
-                            OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True), trust=trust)
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER, trust=trust)
         orch.registry.add_planned([ServerSpec("p", 8 * GB, 0.01, 0.1)])
         orch.recompose_now()
         planned = _assignments(orch)
