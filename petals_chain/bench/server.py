@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tempfile
 import threading
 import time
@@ -61,6 +62,7 @@ def _swarm_figures(batched: bool, sessions: list[int], prompt: torch.Tensor, new
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
     from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
+    from petals_chain.server.batching import BATCH_LOG_PREFIX
 
     extra = () if batched else ("--max-batch-sessions", "1")
     plans = [ServerPlan("a", "300MB", extra), ServerPlan("b", "300MB", extra)]
@@ -77,6 +79,10 @@ def _swarm_figures(batched: bool, sessions: list[int], prompt: torch.Tensor, new
                 print(f"  {'batched' if batched else 'petals '} b={b}: {out[b]:.1f} tokens/s", flush=True)
         finally:
             close_client(model)
+        if batched:
+            most = max([1, *(int(m.group(1)) for proc in sw.procs for m in re.finditer(
+                re.escape(BATCH_LOG_PREFIX) + r" (\d+) sessions", proc.log_path.read_text(errors="replace")))])
+            print(f"  largest batched step the servers logged: {most} sessions", flush=True)
     return out
 
 
