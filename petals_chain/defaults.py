@@ -47,3 +47,14 @@ SERVER_REQUEST_TIMEOUT_S = 180.0  # PETALS' per-request timeout on a server
 MAX_LENGTH = 2048  # tokens per job (prompt + generated) a server's KV cache slots are sized for
 JOB_INPUT_TOKENS = 64  # l_in of the job a server measures its τp on
 JOB_OUTPUT_TOKENS = 16  # l_out of that job (and of its τc)
+
+# ---- cross-session batching of inference steps on a server (server/batching.py, docs/batching.md) ----------------
+# Most sessions whose steps run as one forward pass; 1 keeps PETALS' one-session-at-a-time pool exactly. 8 is where
+# the in-process step reached 5.0-7.8x PETALS' aggregate tokens/s on this CPU (16 added little and doubles a step).
+MAX_BATCH_SESSIONS = 8
+# How long a step waits for sessions that were in the last batches but have not sent their next step yet. Only
+# those are waited for, so a lone session never waits; a few ms covers the loopback round trip of a client.
+BATCH_WINDOW_S = 0.005
+# Most tokens (hypotheses x new tokens, summed over sessions) in one batched step: bounds its working memory
+# (about 32 KiB per token for SmolLM2 in float32) and how long a decode waits behind a prefill sharing its step.
+MAX_BATCH_TOKENS = 256

@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "mell": "petals_chain.bench.mell",
     "torta": "petals_chain.bench.torta",
     "server-step": "petals_chain.bench.server_step",
+    "server": "petals_chain.bench.server",
 }
 
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from petals_chain import defaults
-from petals_chain.cli_args import EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, positive_int_arg
+from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, float_arg,
+                                   positive_int_arg)
 from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
@@ -87,6 +88,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    metavar="DURATION", default=DRAIN_TIMEOUT_S,
                    help="on SIGTERM, ask the orchestrator to move this server's sessions elsewhere and wait at most "
                         "this long before leaving (0: leave at once)")
+    g = p.add_argument_group("batching of different sessions' inference steps (docs/batching.md)")
+    g.add_argument("--max-batch-sessions", type=positive_int_arg, default=defaults.MAX_BATCH_SESSIONS,
+                   help="most sessions whose steps run as one forward pass (1: PETALS' one-at-a-time pool, exactly "
+                        f"as before batching existed); default {defaults.MAX_BATCH_SESSIONS}")
+    g.add_argument("--batch-window-ms", type=float_arg(ge=0, le=10_000), default=defaults.BATCH_WINDOW_S * 1e3,
+                   metavar="MS", help="how long a step waits for sessions of the last batches that have not sent "
+                                      "their next step yet (a lone session never waits); default "
+                                      f"{defaults.BATCH_WINDOW_S * 1e3:g}")
+    g.add_argument("--max-batch-tokens", type=positive_int_arg, default=defaults.MAX_BATCH_TOKENS,
+                   help="most tokens (hypotheses x new tokens over all sessions) in one batched step; a single "
+                        f"larger step still runs, alone; default {defaults.MAX_BATCH_TOKENS}")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return p.parse_args(argv)
@@ -107,6 +119,14 @@ def _positive(name: str, value: float | None) -> None:
     """SpecError unless value is None or > 0."""
     if value is not None and not value > 0:
         raise SpecError(f"--{name} must be > 0, got {value!r}")
+
+
+def batching_config(args: argparse.Namespace) -> Any:
+    """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``."""
+    from petals_chain.server.batching import BatchingConfig
+
+    return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
+                          max_tokens=args.max_batch_tokens)
 
 
 def build_server(args: argparse.Namespace) -> Any:
@@ -175,6 +195,7 @@ def build_server(args: argparse.Namespace) -> Any:
         fixed_span=span,
         heartbeat_period_s=args.heartbeat_period_s,
         settle_s=args.settle_s,
+        batching=batching_config(args),
         **petals_server_kwargs(args, sizes, model_path=str(model_dir), initial_peers=peers, dht_prefix=prefix,
                                tau_p_s=tau_p_s),
     )

@@ -27,6 +27,7 @@ from petals_chain.protocol.blocking import BlockingOrchestrator
 from petals_chain.protocol.http_client import OrchestratorError
 from petals_chain.protocol.messages import DRAINED_REASON
 from petals_chain.protocol.replies import AssignmentInfo
+from petals_chain.server.batching import BatchingConfig, install_batching
 from petals_chain.server.kv_handler import install_kv_transfer
 from petals_chain.service_time import Workload, tau_c
 
@@ -97,6 +98,7 @@ class OrchestratedServer(Server):
         fixed_span: tuple[int, int] | None = None,
         heartbeat_period_s: float = defaults.HEARTBEAT_PERIOD_S,
         settle_s: float = defaults.SETTLE_S,
+        batching: BatchingConfig | None = None,
         **server_kwargs: Any,
     ) -> None:
         self.orch = orchestrator
@@ -113,6 +115,8 @@ class OrchestratedServer(Server):
         self._hb_thread: threading.Thread | None = None
         self.cache_slots = 0
         install_kv_transfer()  # our handlers: petals' rpcs plus the KV-cache export/import (server/kv_handler.py)
+        self.batching = batching if batching is not None else BatchingConfig()
+        install_batching(self.batching)  # sessions' steps run together (server/batching.py); 1 session: petals' pool
         # One placeholder block: the real span (and cache size) is set in _choose_blocks, once assigned.
         server_kwargs.setdefault("mean_balance_check_period", max(0.5, heartbeat_period_s / 2))
         super().__init__(num_blocks=1, inference_max_length=sizes.max_length, **server_kwargs)

@@ -1,0 +1,302 @@
+"""Cross-session batching in the live server: a task pool that hands the runtime several sessions' steps at once.
+
+PETALS' merged inference pool (``PrioritizedTaskPool``) gives hivemind's runtime one task, one session's step, at
+a time. :class:`BatchingInferencePool` subclasses it: ``load_batch_to_runtime`` takes the head task and every
+other queued task that can share its forward pass (same blocks, no deep prompts, no active adapter, no beam
+reordering, within ``max_sessions`` and ``max_tokens``), waiting at most ``window_s`` for sessions that were in
+the last batches and have not sent their next step yet. :class:`BatchingRuntime` (PETALS' runtime with one more
+case) runs such a batch through :class:`~petals_chain.server.batched_step.BatchedMergedInferenceStep` and the
+pool returns each session's outputs, or its own exception, to that session's future. If a batched step fails,
+its sessions are run again one at a time through PETALS' own step, so one bad session cannot fail the others
+(the batched step only writes a session's cache at the positions its step owns, which the retry overwrites).
+
+Everything else stays PETALS': the handler still submits one task per session step, cache reads and writes of
+the KV transfer (``kv_handler.KvCacheOp``) and anything not batchable run alone through the pool's
+``process_func``, and hivemind's runtime still picks the pool whose head task has the lowest (priority, time),
+so inference goes before forward/backward. :func:`install_batching` makes petals' ``ModuleContainer`` build
+this pool and runtime (module attributes of ``petals.server.server``, as ``install_kv_transfer`` swaps the
+handler class); ``max_sessions = 1`` restores PETALS' own, so every earlier result stays reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from petals.data_structures import InferenceMetadata
+from petals.server.backend import _MergedInferenceStep
+from petals.server.server import RuntimeWithDeduplicatedPools
+from petals.server.task_pool import PrioritizedTaskPool, Task, _move_to_device_if_tensor
+
+from petals_chain import defaults
+from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep
+
+log = logging.getLogger(__name__)
+
+BATCH_LOG_PREFIX = "batched inference step of"  # the log line of each new largest batch (live tests read it)
+STATS_PERIOD_S = 30.0  # how often the pool logs its histogram of sessions per step (when it changed)
+RECENT_BATCHES = 2  # a session seen in this many last batches is expected back (the window waits for it)
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``)."""
+
+    max_sessions: int = defaults.MAX_BATCH_SESSIONS
+    window_s: float = defaults.BATCH_WINDOW_S
+    max_tokens: int = defaults.MAX_BATCH_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
+            raise ValueError(f"batching needs max_sessions >= 1, max_tokens >= 1, window_s >= 0; got {self}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the server batches at all (``max_sessions`` 1 is PETALS' pool, unchanged)."""
+        return self.max_sessions > 1
+
+
+def _batchable_key(args: Sequence[Any]) -> tuple[tuple[str, ...], int] | None:
+    """(block uids, the session's first cache handle) of a task that may share a batched step, else None.
+
+    A task joins a batch only if it is a plain merged-pool step: hidden states ``[batch, n, hidden]``, hypo ids that
+    do not reorder (dummy or ``0..batch-1``), one ``InferenceMetadata`` per block, no deep prompt, no adapter. The
+    handle identifies the session (each allocation has its own handles).
+    """
+    if len(args) < 3 or not isinstance(args[0], torch.Tensor) or args[0].ndim != 3 or args[0].numel() == 0:
+        return None
+    infos = args[2]
+    if not isinstance(infos, tuple) or not infos or not all(isinstance(i, InferenceMetadata) for i in infos):
+        return None
+    if any(i.active_adapter for i in infos) or any(p is not None for p in args[3:]):
+        return None
+    hypo_ids = args[1]
+    if isinstance(hypo_ids, torch.Tensor) and hypo_ids.numel() > 0:
+        if hypo_ids.numel() != args[0].shape[0] or not torch.equal(hypo_ids.cpu(),
+                                                                    torch.arange(hypo_ids.numel())):
+            return None
+    if not infos[0].cache_handles:
+        return None
+    return tuple(i.uid for i in infos), int(infos[0].cache_handles[0])
+
+
+def _tokens(task: Task) -> int:
+    """Hypotheses × new tokens of a task (1 for anything without hidden states)."""
+    h = task.args[0] if task.args else None
+    return int(h.shape[0] * h.shape[1]) if isinstance(h, torch.Tensor) and h.ndim == 3 else 1
+
+
+class BatchingInferencePool(PrioritizedTaskPool):
+    """PETALS' merged inference pool, loading every compatible ready session's step into one runtime batch.
+
+    ``process_func`` stays PETALS' one-task step (``_MergedInferenceStep``, or the KV handler's wrapper of it) and
+    runs whatever goes alone; ``batched_step`` runs two or more sessions' steps in one pass. The pool's counting
+    pipe gets one ``recv`` per task taken and its ``priority`` is the remaining head task's, exactly as PETALS
+    keeps them, so hivemind's runtime chooses between pools as before.
+    """
+
+    def __init__(self, process_func: Any, batched_step: BatchedMergedInferenceStep, *, config: BatchingConfig,
+                 max_batch_size: int, name: str, device: torch.device | None = None, **kwargs: Any) -> None:
+        super().__init__(process_func, max_batch_size=max_batch_size, name=name, device=device, **kwargs)
+        self.batched_step = batched_step
+        self.config = config
+        self._recent: deque[frozenset[int]] = deque(maxlen=RECENT_BATCHES)
+        self.sessions_per_step: Counter[int] = Counter()  # how many runtime batches had k sessions
+        self.retried_batches = 0
+        self._largest = 1
+        self._stats_lock = threading.Lock()
+        self._last_stats = (time.monotonic(), Counter())
+
+    # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
+
+    def load_batch_to_runtime(self, timeout: float | None = None,
+                              device: torch.device | None = None) -> tuple[int, list[Any]]:
+        """The head task plus every queued task that can join it; returns (batch uid, [list of task args])."""
+        device = device if device is not None else self.device
+        head: Task = self._ordered_tasks.get(block=True, timeout=timeout)
+        tasks = [head]
+        key = _batchable_key(head.args)
+        if key is not None and self.config.enabled and _tokens(head) < self.config.max_tokens:
+            self._gather(head, key, tasks)
+        for _ in tasks:
+            self.batch_receiver.recv()  # one count per task taken, as PETALS' pool does for its one task
+        q = self._ordered_tasks
+        with q.mutex:
+            if q.queue:
+                first: Task = q.queue[0]
+                self.priority = (first.priority, first.time_submitted)
+        self._recent.append(frozenset(k[1] for t in tasks if (k := _batchable_key(t.args)) is not None))
+        batch = [[_move_to_device_if_tensor(arg, device, share_memory=False) for arg in t.args] for t in tasks]
+        self._dispatched_tasks[head.uid] = tasks
+        return head.uid, [batch]
+
+    def _gather(self, head: Task, key: tuple[tuple[str, ...], int], tasks: list[Task]) -> None:
+        """Move the queued tasks that can join ``head`` into ``tasks`` (priority order); wait up to the window for
+        sessions of the recent batches that are not here yet."""
+        uids, _ = key
+        sessions = {key[1]}
+        expected = set().union(*self._recent) | sessions
+        target = min(self.config.max_sessions, len(expected))
+        tokens = _tokens(head)
+        q = self._ordered_tasks
+        deadline = time.monotonic() + self.config.window_s
+        with q.not_empty:  # the queue's own lock: the prioritizer thread's put() waits while we scan
+            while True:
+                keep: list[Task] = []
+                for task in sorted(q.queue):
+                    k = _batchable_key(task.args)
+                    size = _tokens(task)
+                    if (len(tasks) < self.config.max_sessions and k is not None and k[0] == uids
+                            and k[1] not in sessions and tokens + size <= self.config.max_tokens):
+                        tasks.append(task)
+                        sessions.add(k[1])
+                        tokens += size
+                    else:
+                        keep.append(task)
+                if len(keep) != len(q.queue):
+                    q.queue[:] = keep
+                    heapq.heapify(q.queue)
+                remaining = deadline - time.monotonic()
+                if len(tasks) >= target or remaining <= 0 or tokens >= self.config.max_tokens:
+                    return
+                q.not_empty.wait(remaining)  # released while waiting; a put() wakes us to scan again
+
+    # ---- running it (runtime thread, called by BatchingRuntime) ---------------------------------------------------
+
+    def run_batch(self, batch: Sequence[Sequence[Any]]) -> tuple[list[Any], int]:
+        """Run the tasks' steps; returns (per task its outputs tuple or its exception, total tokens)."""
+        tokens = sum(int(a[0].shape[0] * a[0].shape[1]) if isinstance(a[0], torch.Tensor) and a[0].ndim == 3 else 1
+                     for a in batch)
+        if len(batch) == 1 and _batchable_key(batch[0]) is None:  # a KV transfer, deep prompts, an adapter, beams
+            results = [self._run_alone(batch[0])]
+        else:  # a lone batchable session too: the same arithmetic whether or not others share its step
+            try:
+                outputs = self.batched_step([(a[0], a[1], a[2]) for a in batch])
+                results = [(out.clone(),) for out in outputs]
+            except Exception as exc:  # retried one session at a time: a bad session fails only itself
+                log.warning("batched step of %d sessions failed (%s: %s); running them one at a time",
+                            len(batch), type(exc).__name__, exc)
+                self.retried_batches += 1
+                results = [self._run_alone(args) for args in batch]
+        self._count(len(batch))
+        return results, tokens
+
+    def _run_alone(self, args: Sequence[Any]) -> Any:
+        """PETALS' one-task step (``process_func``): its outputs, or the exception it raised."""
+        try:
+            return tuple(self.process_func(*args))
+        except Exception as exc:  # handed to this task's future only
+            return exc
+
+    def _count(self, sessions: int) -> None:
+        """Count a step of ``sessions`` sessions; log each new largest batch and, periodically, the histogram."""
+        with self._stats_lock:
+            self.sessions_per_step[sessions] += 1
+            if sessions > self._largest:
+                self._largest = sessions
+                log.info("%s %d sessions (the largest so far)", BATCH_LOG_PREFIX, sessions)
+            since, before = self._last_stats
+            now = time.monotonic()
+            if now - since >= STATS_PERIOD_S:
+                delta = self.sessions_per_step - before
+                if delta:
+                    steps = sum(delta.values())
+                    mean = sum(k * v for k, v in delta.items()) / steps
+                    log.info("inference steps in the last %.0f s: %d, %.2f sessions per step on average, "
+                             "sessions per step %s", now - since, steps, mean, dict(sorted(delta.items())))
+                self._last_stats = (now, Counter(self.sessions_per_step))
+
+    # ---- answering each task ------------------------------------------------------------------------------------
+
+    def send_outputs_from_runtime(self, uid: int, batch_outputs: list[Any]) -> None:
+        """Give each task of batch ``uid`` its own outputs (in shared memory, as PETALS does) or its exception."""
+        tasks = self._dispatched_tasks.pop(uid, None)
+        if tasks is None:
+            log.error("internal error: batch %s is missing from the dispatched tasks; no result set", uid)
+            return
+        for task, result in zip(tasks, batch_outputs):
+            if isinstance(result, BaseException):
+                task.future.set_exception(result)
+            else:
+                task.future.set_result([_move_to_device_if_tensor(out, device="cpu", share_memory=True)
+                                        for out in result])
+
+    def send_exception_from_runtime(self, uid: int, exception: BaseException) -> None:
+        """The runtime failed outside the step itself: every task of batch ``uid`` gets the exception."""
+        tasks = self._dispatched_tasks.pop(uid, None)
+        if tasks is None:
+            log.error("internal error: batch %s is missing from the dispatched tasks; exception %s lost", uid,
+                      exception)
+            return
+        for task in tasks:
+            task.future.set_exception(exception)
+
+
+class BatchingRuntime(RuntimeWithDeduplicatedPools):
+    """PETALS' runtime that runs a :class:`BatchingInferencePool`'s batches through the pool's ``run_batch``.
+
+    Batches are loaded just before they run (no prefetching thread): a prefetching loader would pop each step
+    the moment it arrived, one by one, while the previous batch was still computing, and nothing would batch.
+    On CPU the prefetch saved nothing anyway (it overlaps host-to-device copies).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if any(isinstance(pool, BatchingInferencePool) for pool in self.pools):
+            self.prefetch_batches = 0
+
+    def process_batch(self, pool: Any, batch_index: int, *batch: Any) -> tuple[Any, int]:
+        """A batching pool's batch: per task outputs (or exceptions) and the tokens; any other pool: PETALS'."""
+        if isinstance(pool, BatchingInferencePool):
+            return pool.run_batch(batch[0])
+        return super().process_batch(pool, batch_index, *batch)
+
+
+def batchable_span(backends: dict[str, Any]) -> str | None:
+    """None if the batched step can serve these blocks, else why not (tensor parallelism, not LLaMA, ...)."""
+    try:
+        BatchedSpanStep([b.module for b in backends.values()])
+    except (TypeError, ValueError, AttributeError) as exc:
+        return str(exc)
+    return None
+
+
+def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfig) -> None:
+    """PETALS' ``merge_inference_pools_inplace`` with a :class:`BatchingInferencePool` as the merged pool (or
+    PETALS' own pool when batching is off or the blocks cannot be batched)."""
+    from petals.server.backend import merge_inference_pools_inplace
+
+    why = batchable_span(backends) if config.enabled else "--max-batch-sessions 1"
+    if why is not None:
+        log.info("inference steps run one session at a time (PETALS' pool): %s", why)
+        merge_inference_pools_inplace(backends)
+        return
+    first_pool = next(iter(backends.values())).inference_pool
+    pool = BatchingInferencePool(_MergedInferenceStep(backends), BatchedMergedInferenceStep(backends), config=config,
+                                 max_batch_size=first_pool.max_batch_size, device=first_pool.device,
+                                 name="merged_inference")
+    for backend in backends.values():
+        assert not backend.inference_pool.is_alive()
+        backend.inference_pool = pool
+    log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step)",
+             config.max_sessions, config.window_s * 1e3, config.max_tokens)
+
+
+def install_batching(config: BatchingConfig) -> None:
+    """Make petals' server (in this process) build the batching pool and runtime; PETALS' own when disabled."""
+    import petals.server.backend as petals_backend
+    import petals.server.server as petals_server
+
+    if config.enabled:
+        petals_server.merge_inference_pools_inplace = lambda backends: merge_batching_pools_inplace(backends, config)
+        petals_server.RuntimeWithDeduplicatedPools = BatchingRuntime
+    else:
+        petals_server.merge_inference_pools_inplace = petals_backend.merge_inference_pools_inplace
+        petals_server.RuntimeWithDeduplicatedPools = RuntimeWithDeduplicatedPools

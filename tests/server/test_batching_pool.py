@@ -1,0 +1,259 @@
+"""The batching pool in the runtime's place: which queued steps join a batch, the pool's bookkeeping, each task's
+own answer, a bad session failing only itself, the batching window, and PETALS' runtime driving it.
+
+In-process, no RPC: tiny random LLaMA blocks built as PETALS' server builds them (``random_span``), the pool's
+prioritizer thread running as in the server, and the runtime's calls (``load_batch_to_runtime``, ``run_batch``,
+``send_outputs_from_runtime``) made by the test, or by a real ``BatchingRuntime`` thread. In the server the
+handlers submit from their own processes; here the pools' submission queues are thread queues, so that a
+future set by the runtime is the test's own object (hivemind's MPFuture answers its process of origin directly).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+import torch
+
+from petals_chain.server.batching import (BatchingConfig, BatchingInferencePool, BatchingRuntime, install_batching,
+                                          merge_batching_pools_inplace)
+from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
+
+MAX_LENGTH = 32
+N_BLOCKS = 2
+NO_HYPO = torch.empty(0, dtype=torch.int64)
+TOL = 1e-4
+
+
+def _backends(config: BatchingConfig, seed: int = 0) -> dict:
+    torch.set_num_threads(1)
+    backends = random_backends(llama_config(TINY), N_BLOCKS, seed=seed)
+    merge_batching_pools_inplace(backends, config)
+    for backend in backends.values():  # in one process, the pools must hand back the very future they were given
+        for pool in backend.get_pools():
+            pool.submitted_tasks = queue.SimpleQueue()
+    return backends
+
+
+@pytest.fixture
+def pool_and_backends():
+    backends = _backends(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64))
+    pool = next(iter(backends.values())).inference_pool
+    assert isinstance(pool, BatchingInferencePool)
+    pool.start()
+    yield pool, backends
+    pool.shutdown()
+    pool.join(5)
+
+
+def _wait_queued(pool: BatchingInferencePool, n: int) -> None:
+    """Until the prioritizer thread has moved ``n`` tasks into the ordered queue."""
+    deadline = time.monotonic() + 10
+    while pool._ordered_tasks.qsize() < n:
+        assert time.monotonic() < deadline, "tasks never reached the ordered queue"
+        time.sleep(0.001)
+
+
+def _submit(pool, backends, handles, hidden, prefix: int, priority: float = 1.0, prompt=None):
+    infos = inference_infos(backends, handles, prefix)
+    return pool.submit_task(hidden, NO_HYPO, infos, *([prompt] * len(infos)), priority=priority)
+
+
+def _reference(backends, hidden, prefix: int, handles) -> torch.Tensor:
+    from petals.server.backend import _MergedInferenceStep
+
+    infos = inference_infos(backends, handles, prefix)
+    return _MergedInferenceStep(backends)(hidden.clone(), NO_HYPO, infos, *([None] * len(infos)))[0]
+
+
+def _run(pool: BatchingInferencePool) -> int:
+    """What the runtime does for one batch; returns how many tasks it held."""
+    uid, (batch,) = pool.load_batch_to_runtime()
+    results, _ = pool.run_batch(batch)
+    pool.send_outputs_from_runtime(uid, results)
+    return len(batch)
+
+
+def test_compatible_steps_run_as_one_batch_and_each_future_gets_its_own(pool_and_backends) -> None:
+    """Three sessions (a prefill, and two decodes at different lengths) in one batch: each future holds exactly
+    PETALS' output for its own session, the counting pipe is drained and the histogram counts one step of 3."""
+    pool, backends = pool_and_backends
+    torch.manual_seed(0)
+    sessions = [(allocate_session(backends, 1, MAX_LENGTH), allocate_session(backends, 1, MAX_LENGTH))
+                for _ in range(3)]
+    prefills = [torch.randn(1, n, TINY.hidden) for n in (5, 3, 9)]
+    for (bat, ref), h in zip(sessions, prefills):  # bring both caches of each session to its length
+        _reference(backends, h, 0, ref)
+        _reference(backends, h, 0, bat)
+    steps = [torch.randn(1, n, TINY.hidden) for n in (1, 1, 4)]
+    futures = [_submit(pool, backends, bat, h, len(p[0])) for (bat, _), h, p in zip(sessions, steps, prefills)]
+    _wait_queued(pool, 3)
+    assert _run(pool) == 3
+    assert pool.empty and pool.sessions_per_step == {3: 1}
+    for fut, (_, ref), h, p in zip(futures, sessions, steps, prefills):
+        (got,) = fut.result(5)
+        want = _reference(backends, h, p.shape[1], ref)
+        assert (got - want).abs().max().item() < TOL
+
+
+def test_what_cannot_join_stays_queued_in_order_and_priority_follows_the_head(pool_and_backends) -> None:
+    """A deep-prompt step and a step over other blocks do not join; the session cap holds; the pool's priority is
+    the remaining head's, and the left-over tasks are loaded next, one by one, in priority order."""
+    pool, backends = pool_and_backends
+    uids = list(backends)
+    handles = [allocate_session(backends, 1, MAX_LENGTH) for _ in range(7)]
+    h = torch.randn(1, 2, TINY.hidden)
+    normal = [_submit(pool, backends, handles[i], h, 0) for i in range(5)]  # 5 > max_sessions = 4
+    prompt = torch.zeros(1, 1, TINY.hidden)
+    deep = _submit(pool, backends, handles[5], h, 0, priority=1.5, prompt=prompt)
+    sub = {uids[0]: backends[uids[0]]}
+    other = pool.submit_task(h, NO_HYPO, inference_infos(sub, handles[6][:1], 0), None, priority=2.0)
+    _wait_queued(pool, 7)
+    assert _run(pool) == 4
+    left = sorted(pool._ordered_tasks.queue)
+    assert len(left) == 3 and pool.priority == (left[0].priority, left[0].time_submitted)
+    assert [_run(pool) for _ in range(3)] == [1, 1, 1]
+    assert pool.empty
+    for fut in [*normal, deep, other]:
+        assert fut.result(5)[0].shape == h.shape
+
+
+def test_token_cap_and_one_session_per_batch(pool_and_backends) -> None:
+    """Steps beyond the tokens-per-step cap wait for the next batch, and a session's second step never joins its
+    first."""
+    pool, backends = pool_and_backends
+    a, b = (allocate_session(backends, 1, 2 * MAX_LENGTH) for _ in range(2))
+    big = torch.randn(1, 40, TINY.hidden)
+    f1 = _submit(pool, backends, a, big, 0)
+    f2 = _submit(pool, backends, b, big, 0)  # 80 > max_tokens = 64
+    f3 = _submit(pool, backends, a, torch.randn(1, 1, TINY.hidden), 40)  # same session as f1
+    _wait_queued(pool, 3)
+    assert _run(pool) == 1
+    assert _run(pool) == 2  # b's prefill and a's decode (different sessions, 41 tokens)
+    for f in (f1, f2, f3):
+        f.result(5)
+
+
+def test_a_bad_session_fails_only_itself(pool_and_backends) -> None:
+    """One session's step overruns its cache: the batch is retried one session at a time, that session's future
+    gets the error and the others get PETALS' outputs."""
+    pool, backends = pool_and_backends
+    good = [allocate_session(backends, 1, MAX_LENGTH) for _ in range(2)]
+    bad = allocate_session(backends, 1, 8)  # 8 positions: a 12-token step cannot fit
+    refs = [allocate_session(backends, 1, MAX_LENGTH) for _ in range(2)]
+    hs = [torch.randn(1, 3, TINY.hidden) for _ in range(2)]
+    futures = [_submit(pool, backends, g, h, 0) for g, h in zip(good, hs)]
+    f_bad = _submit(pool, backends, bad, torch.randn(1, 12, TINY.hidden), 0)
+    _wait_queued(pool, 3)
+    assert _run(pool) == 3
+    assert pool.retried_batches == 1
+    with pytest.raises(Exception):
+        f_bad.result(5)
+    for fut, ref, h in zip(futures, refs, hs):
+        assert (fut.result(5)[0] - _reference(backends, h, 0, ref)).abs().max().item() < TOL
+
+
+def test_window_waits_only_for_sessions_of_recent_batches() -> None:
+    """After a batch of sessions A and B, a step of A waits (up to the window) for B's and they run together;
+    sessions that left are waited for only while they were in the last two batches."""
+    backends = _backends(BatchingConfig(max_sessions=4, window_s=0.5, max_tokens=64))
+    pool = next(iter(backends.values())).inference_pool
+    pool.start()
+    try:
+        a, b, c = (allocate_session(backends, 1, MAX_LENGTH) for _ in range(3))
+        h = torch.randn(1, 1, TINY.hidden)
+        _submit(pool, backends, a, h, 0)
+        _submit(pool, backends, b, h, 0)
+        _wait_queued(pool, 2)
+        assert _run(pool) == 2
+        _submit(pool, backends, a, h, 1)
+        late = threading.Timer(0.2, lambda: _submit(pool, backends, b, h, 1))
+        late.start()
+        t0 = time.monotonic()
+        assert _run(pool) == 2
+        assert 0.15 < time.monotonic() - t0 < 0.45
+        late.join()
+        # A and B leave; C steps alone: it waits for them while they were in the last two batches, then never
+        waited = []
+        for pos in range(4):
+            _submit(pool, backends, c, h, pos)
+            t0 = time.monotonic()
+            assert _run(pool) == 1
+            waited.append(time.monotonic() - t0)
+        assert min(waited[:2]) > 0.4 and max(waited[2:]) < 0.2, waited
+    finally:
+        pool.shutdown()
+        pool.join(5)
+
+
+def test_runtime_serves_concurrent_sessions_and_forward_pools_still_work() -> None:
+    """PETALS' runtime loop with our runtime class: concurrent decoding sessions get PETALS' outputs, steps were
+    batched, the runtime loads without prefetching, and a forward-pool task (PETALS' own pool) is answered too."""
+    backends = _backends(BatchingConfig(max_sessions=8, window_s=0.01, max_tokens=64))
+    runtime = BatchingRuntime(backends, device=None, prefetch_batches=1)
+    assert runtime.prefetch_batches == 0
+    pool = next(iter(backends.values())).inference_pool
+    runtime.start()
+    assert runtime.ready.wait(10)
+    try:
+        n, steps = 4, 5
+        torch.manual_seed(1)
+        inputs = [[torch.randn(1, 3 if t == 0 else 1, TINY.hidden) for t in range(steps)] for _ in range(n)]
+        outs: dict[int, list[torch.Tensor]] = {}
+
+        def session(i: int) -> None:
+            handles = allocate_session(backends, 1, MAX_LENGTH)
+            pos, got = 0, []
+            for h in inputs[i]:
+                got.append(_submit(pool, backends, handles, h, pos).result(30)[0])
+                pos += h.shape[1]
+            outs[i] = got
+
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        fwd = next(iter(backends.values())).forward_pool.submit_task(torch.randn(1, 2, TINY.hidden), None)
+        for t in threads:
+            t.join(60)
+        assert fwd.result(30)[0].shape == (1, 2, TINY.hidden)
+        for i in range(n):
+            ref, pos = allocate_session(backends, 1, MAX_LENGTH), 0
+            for h, got in zip(inputs[i], outs[i]):
+                assert (got - _reference(backends, h, pos, ref)).abs().max().item() < TOL
+                pos += h.shape[1]
+        assert max(pool.sessions_per_step) > 1, pool.sessions_per_step
+    finally:
+        runtime.shutdown()
+
+
+def test_install_swaps_petals_internals_and_one_session_restores_them() -> None:
+    import petals.server.backend as petals_backend
+    import petals.server.server as petals_server
+
+    original_runtime = petals_server.RuntimeWithDeduplicatedPools
+    try:
+        install_batching(BatchingConfig(max_sessions=4))
+        assert petals_server.RuntimeWithDeduplicatedPools is BatchingRuntime
+        assert petals_server.merge_inference_pools_inplace is not petals_backend.merge_inference_pools_inplace
+        install_batching(BatchingConfig(max_sessions=1))
+        assert petals_server.RuntimeWithDeduplicatedPools is original_runtime
+        assert petals_server.merge_inference_pools_inplace is petals_backend.merge_inference_pools_inplace
+    finally:
+        install_batching(BatchingConfig(max_sessions=1))
+
+
+def test_one_session_config_builds_petals_own_pool() -> None:
+    from petals.server.task_pool import PrioritizedTaskPool
+
+    backends = _backends(BatchingConfig(max_sessions=1))
+    pool = next(iter(backends.values())).inference_pool
+    assert type(pool) is PrioritizedTaskPool
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_sessions=0), dict(max_tokens=0), dict(window_s=-1.0),
+                                    dict(window_s=float("nan"))])
+def test_bad_config_is_refused(kwargs) -> None:
+    with pytest.raises(ValueError):
+        BatchingConfig(**kwargs)
