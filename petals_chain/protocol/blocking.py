@@ -101,20 +101,19 @@ class BlockingOrchestrator:
 def request_json(url: str, timeout_s: float = 10.0, data: dict[str, Any] | None = None,
                  token: str | None = None) -> Any:
     """GET ``url`` (or POST ``data`` to it) with an optional bearer token and return the JSON reply, from synchronous
-    code that runs no event loop. Tried once: OrchestratorUnreachableError (a ConnectionError) when it cannot be
-    reached, TimeoutError after ``timeout_s``, OrchestratorError on an error status, ValueError on a reply that is
-    not JSON."""
+    code. Tried once: OrchestratorUnreachableError (a ConnectionError) when it cannot be reached, TimeoutError after
+    ``timeout_s``, OrchestratorError on an error status, ValueError on a reply that is not JSON.
+
+    The call runs on a private event loop in a short-lived thread of its own, so the calling thread's loop, running
+    or not (a test driving a browser through Playwright runs one), is never touched."""
 
     async def once() -> Any:
         """One call through a client of its own."""
         async with OrchestratorClient(url, token=token, request_timeout_s=timeout_s, unreachable_wait_s=0.0) as oc:
             return await oc.call("GET" if data is None else "POST", "", data)
 
-    loop = asyncio.new_event_loop()  # a private loop: the calling thread's current loop (or none) stays as it was
-    try:
-        reply = loop.run_until_complete(once())
-    finally:
-        loop.close()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="request-json") as pool:
+        reply = pool.submit(asyncio.run, once()).result()
     if isinstance(reply, str):
         raise ValueError(f"{url} answered with text, not JSON: {reply[:200]!r}")
     return reply
