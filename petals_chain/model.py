@@ -73,15 +73,22 @@ def span_json(start: int, end: int) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """One server j: memory M_j, communication time τc_j, per-block compute time τp_j, and the fraction of τp_j
-    it computes one session at a time (0: the paper's model, sessions never slow each other; a PETALS server's
-    task pool does not batch inference steps, so on it the fraction is near 1; compose/serial.py)."""
+    """One server j: memory M_j, communication time τc_j, per-block compute time τp_j (one session alone), and how
+    sessions computed at the same time slow each other (docs/model.md, "Sessions that share a server").
+
+    ``batch_slowdown`` is the server's measured step time with b sessions batched, relative to one alone:
+    g(1) = 1, g(2), …, g(B) for b = 1..B, B the most sessions it batches; beyond B the steps of the extra sessions
+    wait for another batch, g(b) = g(B)·b/B. Without a table, ``serial_fraction`` σ gives g(b) = 1 + σ(b − 1):
+    σ = 0 is the paper's model (sessions never slow each other), σ = 1 a server that computes one session at a time
+    (PETALS' own task pool). :meth:`step_factor` is the one place that reads either.
+    """
 
     name: str
     memory_bytes: float
     tau_c_s: float
     tau_p_s: float
     serial_fraction: float = 0.0
+    batch_slowdown: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -93,6 +100,50 @@ class ServerSpec:
         _check_positive(owner, "serial_fraction", self.serial_fraction, allow_zero=True)
         if self.serial_fraction > 1:
             raise SpecError(f"{owner}: field 'serial_fraction' must be <= 1, got {self.serial_fraction!r}")
+        check_batch_slowdown(owner, self.batch_slowdown)
+
+    def step_factor(self, sessions: int) -> float:
+        """g(b): the time of one step with ``sessions`` sessions computed together, relative to one alone."""
+        if sessions < 1:
+            raise SpecError(f"server {self.name!r}: step_factor needs sessions >= 1, got {sessions!r}")
+        table = self.batch_slowdown
+        if not table:
+            return 1.0 + self.serial_fraction * (sessions - 1)
+        if sessions <= len(table):
+            return table[sessions - 1]
+        return table[-1] * sessions / len(table)
+
+    @property
+    def contended(self) -> bool:
+        """Whether sessions computed together slow each other at all (False: the paper's model holds)."""
+        return bool(self.batch_slowdown and any(g > 1.0 for g in self.batch_slowdown)) or (
+            not self.batch_slowdown and self.serial_fraction > 0)
+
+    @property
+    def marginal_step_factor(self) -> float:
+        """What each session adds to the step time once the server is saturated (σ, or g(B)/B from the table):
+        the server finishes at most 1/(this · τp_j · m_j) jobs per second, however many sessions it holds."""
+        if self.batch_slowdown:
+            return self.batch_slowdown[-1] / len(self.batch_slowdown)
+        return self.serial_fraction
+
+
+def check_batch_slowdown(owner: str, table: Sequence[float]) -> None:
+    """SpecError unless ``table`` is empty or g(1) = 1 followed by finite numbers that never fall (a step of more
+    sessions never takes less time) and never exceed b (batching never costs more than running them in turn)."""
+    if not isinstance(table, tuple):
+        raise SpecError(f"{owner}: field 'batch_slowdown' must be a tuple of numbers, got {type(table).__name__}")
+    if not table:
+        return
+    for b, g in enumerate(table, start=1):
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g):
+            raise SpecError(f"{owner}: batch_slowdown[{b - 1}] must be a finite number, got {g!r}")
+    if abs(table[0] - 1.0) > 1e-9:
+        raise SpecError(f"{owner}: batch_slowdown must start with g(1) = 1, got {table[0]!r}")
+    for b in range(2, len(table) + 1):
+        g, prev = table[b - 1], table[b - 2]
+        if g < prev - 1e-9 or g > b + 1e-9:
+            raise SpecError(f"{owner}: batch_slowdown g({b}) = {g!r} must lie in [g({b - 1}) = {prev!r}, {b}]")
 
 
 @dataclass(frozen=True)

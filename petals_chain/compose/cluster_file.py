@@ -141,6 +141,7 @@ class ServerRow(FileModel):
     tau_c_s: NonNegativeNumber | None = None
     rtt_ms: NonNegativeNumber | None = None
     serial_fraction: UnitInterval = 0.0  # part of τp computed one session at a time (compose/serial.py)
+    batch_slowdown: tuple[PositiveNumber, ...] = ()  # τp(b)/τp(1) for b = 1..B (model.ServerSpec); overrides σ
 
     @model_validator(mode="after")
     def _one_spelling(self) -> ServerRow:
@@ -167,7 +168,7 @@ class ServerRow(FileModel):
         if tc is None:
             rtt = self.rtt if self.rtt is not None else self.rtt_ms / 1e3
             tc = tau_c(rtt, workload)
-        return ServerSpec(self.name, memory, tc, tp, self.serial_fraction)
+        return ServerSpec(self.name, memory, tc, tp, self.serial_fraction, tuple(float(g) for g in self.batch_slowdown))
 
 
 class ClusterFile(FileModel):

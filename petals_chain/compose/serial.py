@@ -1,19 +1,21 @@
-"""Sessions that share a server slow each other: the part of τp a server computes one session at a time.
+"""Sessions that share a server slow each other: closed-network time per job and the slots worth offering.
 
 The paper's service model, and with it GBP-CR's and GCA's capacities, let a chain's c_k sessions run side by
-side, each in T_k. A PETALS server's task pool does not batch inference steps of different sessions: it runs
-them one after another, so a server j whose serial fraction is σ_j is busy σ_j·τp_j·m_j per job, and every
-chain through it together cannot finish more than 1/(σ_j·τp_j·m_j) jobs per second, whatever its slots.
-Beyond that, slots only stretch every session. :func:`cap_chains` keeps each chain's slots at the knee of the
-closed network's asymptotic bounds (n* = T_k / D_k, D_k the serial time per job of its busiest server, less
-what chains taken before it use there) and gives it the time per job that exact mean value analysis (MVA)
-predicts at that many sessions; :func:`fit_serial_fraction` finds σ from a closed-loop probe.
+side, each in T_k. A real server's step takes longer when it computes more sessions' steps: g_j(b) times one
+session's step with b sessions batched (``ServerSpec.step_factor``: measured τp(b)/τp(1), or 1 + σ(b − 1) from a
+serial fraction σ; PETALS' own task pool, one session at a time, is σ = 1). Each hop of a chain is then a
+load-dependent station with demand D_j = τp_j·m_j per job: with i sessions at it, each progresses at
+1/(D_j·g_j(i)). Its throughput saturates at 1/(D_j·g_j^∞) (g_j^∞ the marginal step factor), so beyond that slots
+only stretch every session. :func:`cap_chains` keeps each chain's slots at the knee of the closed network's
+asymptotic bounds (n* = T_k / (D_j·g_j^∞) at its busiest server, less what chains taken before it use there) and
+gives it the time per job that exact load-dependent mean value analysis (MVA) predicts at that many sessions;
+:func:`fit_serial_fraction` finds σ from a closed-loop probe, :func:`probe_throughput` predicts one.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from scipy.optimize import brentq
@@ -23,65 +25,95 @@ from petals_chain.model import Chain, ServerSpec, SpecError
 _TOL = 1e-9
 
 
-def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int) -> tuple[float, float]:
-    """Exact single-class MVA: ``sessions`` jobs cycling through one queue per demand (FCFS/PS servers, seconds of
-    busy time per job) and a delay of ``delay_s``; returns (jobs per second, seconds per job)."""
+Factor = Callable[[int], float]
+
+
+def _queue(i: int) -> float:
+    """g(i) = i: a station that serves one session at a time (FCFS or processor sharing)."""
+    return float(i)
+
+
+def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int,
+                 factors: Sequence[Factor] | None = None) -> tuple[float, float]:
+    """Exact single-class MVA with load-dependent stations: ``sessions`` jobs cycling through one station per demand
+    (seconds of service per job for one session alone) and a delay of ``delay_s``; returns (jobs per second,
+    seconds per job). With i jobs at station j each progresses at 1/(D_j·g_j(i)), ``factors[j]`` = g_j; without
+    factors every station serves one job at a time (g(i) = i, the plain MVA recursion)."""
     if sessions < 1:
         raise SpecError(f"closed_chain: sessions must be >= 1, got {sessions}")
-    queue = [0.0] * len(demands_s)
+    factors = list(factors) if factors is not None else [_queue] * len(demands_s)
+    if len(factors) != len(demands_s):
+        raise SpecError(f"closed_chain: {len(factors)} step factors for {len(demands_s)} stations")
+    g = [[f(i) for i in range(1, sessions + 1)] for f in factors]  # g[j][i-1]
+    marg = [[1.0] for _ in demands_s]  # marg[j][i]: P(i jobs at station j) with n − 1 jobs in the network
+    thr = resp = 0.0
     for n in range(1, sessions + 1):
-        times = [d * (1.0 + q) for d, q in zip(demands_s, queue)]
+        times = [d * sum(g[j][i - 1] * marg[j][i - 1] for i in range(1, n + 1)) for j, d in enumerate(demands_s)]
         resp = delay_s + sum(times)
         thr = n / resp
-        queue = [thr * t for t in times]
+        for j, d in enumerate(demands_s):
+            busy = [thr * d * g[j][i - 1] / i * marg[j][i - 1] for i in range(1, n + 1)]
+            marg[j] = [max(0.0, 1.0 - sum(busy)), *busy]
     return thr, resp
 
 
-def _demands(chain: Chain, servers: Sequence[ServerSpec]) -> list[tuple[int, float]]:
-    """(server, serial seconds per job) for every hop of the chain whose server computes sessions one at a time."""
-    return [(j, servers[j].serial_fraction * servers[j].tau_p_s * m)
-            for j, m in zip(chain.servers, chain.blocks) if m > 0 and servers[j].serial_fraction > 0]
+def _stations(chain: Chain, servers: Sequence[ServerSpec]) -> list[tuple[int, float]]:
+    """(server, seconds of its compute per job) for every hop of the chain whose server's sessions slow each other."""
+    return [(j, servers[j].tau_p_s * m) for j, m in zip(chain.servers, chain.blocks)
+            if m > 0 and servers[j].contended]
 
 
 def any_serial(servers: Sequence[ServerSpec]) -> bool:
-    """Whether any server computes (part of) its sessions one at a time; if none, the paper's model holds."""
-    return any(s.serial_fraction > 0 for s in servers)
+    """Whether any server's sessions slow each other; if none, the paper's model holds."""
+    return any(s.contended for s in servers)
+
+
+def chain_time(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> float:
+    """Seconds per job of ``chain`` with ``sessions`` jobs in it (its servers' step factors, MVA); T_k if none
+    of its servers is contended."""
+    stations = _stations(chain, servers)
+    if not stations:
+        return chain.service_time_s
+    compute = sum(d for _, d in stations)
+    return closed_chain([d for _, d in stations], chain.service_time_s - compute, sessions,
+                        [servers[j].step_factor for j, _ in stations])[1]
 
 
 def cap_chains(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> tuple[Chain, ...]:
-    """Each chain (in the given order, fastest first) with its slots cut to the knee of what its serial servers have
-    left, and its time per job the MVA time at that many sessions; a chain left no slot is dropped.
-    Unchanged where no server is serial."""
+    """Each chain (in the given order, fastest first) with its slots cut to the knee of what its servers have left
+    once saturated, and its time per job the MVA time at that many sessions; a chain left no slot is dropped.
+    Unchanged where no server's sessions slow each other."""
     if not any_serial(servers):
         return tuple(chains)
-    left = [1.0] * len(servers)  # share of each server's serial time not yet promised to an earlier chain
+    left = [1.0] * len(servers)  # share of each server's saturated throughput not yet promised to an earlier chain
     out = []
     for ch in chains:
-        demands = _demands(ch, servers)
-        if not demands:
-            out.append(ch)
+        stations = [(j, d * servers[j].marginal_step_factor) for j, d in _stations(ch, servers)]
+        stations = [(j, d) for j, d in stations if d > 0]
+        if not stations:
+            out.append(replace(ch, service_time_s=chain_time(ch, servers, ch.capacity)))
             continue
-        knee = min(left[j] * ch.service_time_s / d for j, d in demands)
+        knee = min(left[j] * ch.service_time_s / d for j, d in stations)
         slots = min(ch.capacity, math.ceil(knee - _TOL))
         if slots < 1:
             continue
-        for j, d in demands:
+        for j, d in stations:
             left[j] -= slots * d / ch.service_time_s
-        serial = sum(d for _, d in demands)
-        _, per_job = closed_chain([d for _, d in demands], ch.service_time_s - serial, slots)
-        out.append(replace(ch, capacity=slots, service_time_s=per_job))
+        out.append(replace(ch, capacity=slots, service_time_s=chain_time(ch, servers, slots)))
     return tuple(out)
 
 
 def probe_throughput(servers: Sequence[ServerSpec], sessions: Sequence[int], num_blocks: int,
-                     serial_fraction: float) -> float:
+                     serial_fraction: float | None = None) -> float:
     """Jobs per second of closed-loop whole-model jobs, ``sessions[j]`` at a time on server j (each its own chain),
-    if every server's serial fraction were ``serial_fraction``."""
+    with each server's own step factors, or, given ``serial_fraction``, as if every server had that σ."""
     total = 0.0
     for s, n in zip(servers, sessions):
         if n > 0:
-            d = serial_fraction * s.tau_p_s * num_blocks
-            total += closed_chain([d], s.tau_c_s + s.tau_p_s * num_blocks - d, n)[0]
+            if serial_fraction is not None:
+                s = replace(s, serial_fraction=serial_fraction, batch_slowdown=())
+            d = s.tau_p_s * num_blocks
+            total += closed_chain([d], s.tau_c_s, n, [s.step_factor])[0]
     return total
 
 

@@ -166,7 +166,8 @@ def prepare(args: argparse.Namespace, strict: bool = True) -> Prepared:
     sigma = profile.serial_fraction()
     servers = [FittedServer(s.name, s.memory_bytes, profile.fits[s.name].tau_p_s(*job),
                             profile.fits[s.name].tau_c_s(job[1]), profile.fits[s.name].inference_rps,
-                            profile.fits[s.name].forward_rps, sigma) for s in tb.servers]
+                            profile.fits[s.name].forward_rps, sigma, profile.fits[s.name].batch_slowdown)
+               for s in tb.servers]
     from transformers import AutoConfig
 
     vocab = int(AutoConfig.from_pretrained(str(setup.model_dir)).vocab_size)

@@ -75,11 +75,13 @@ class FittedServer:
     inference_rps: float  # decode steps per second per block (1 / t_out)
     forward_rps: float  # prefill tokens per second per block (1 / t_in)
     serial_fraction: float = 0.0  # fitted from the closed-loop probe (compose/serial.py)
+    batch_slowdown: tuple[float, ...] = ()  # τp(b)/τp(1) measured by the batch probe; overrides σ where given
 
     @property
     def spec(self) -> ServerSpec:
         """The ServerSpec the composers see."""
-        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction)
+        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction,
+                          self.batch_slowdown)
 
 
 def write_cluster(path: Path, setup: ModelSetup, servers: Sequence[FittedServer], arrival_rate: float,
@@ -93,7 +95,9 @@ def write_cluster(path: Path, setup: ModelSetup, servers: Sequence[FittedServer]
         "load": {"arrival_rate": float(arrival_rate), "target_load": float(target_load)},
         "workload": {"input_tokens": int(job[0]), "output_tokens": int(job[1])},
         "servers": [{"name": s.name, "memory_gb": s.memory_bytes / 1e9, "tau_c_s": float(s.tau_c_s),
-                     "tau_p_s": float(s.tau_p_s), "serial_fraction": float(s.serial_fraction)} for s in servers],
+                     "tau_p_s": float(s.tau_p_s), "serial_fraction": float(s.serial_fraction),
+                     **({"batch_slowdown": [float(g) for g in s.batch_slowdown]} if s.batch_slowdown else {})}
+                    for s in servers],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# Written by petals_chain.launch.profile_live: tau_p_s / tau_c_s fitted on the live testbed\n"

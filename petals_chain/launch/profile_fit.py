@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -59,6 +60,7 @@ class ServerFit:
     r2: float = math.nan
     rtt_s: float = math.nan  # the configured RTT of the testbed (for the paper's τc model)
     speed_factor: float = 1.0
+    batch_slowdown: tuple[float, ...] = ()  # g(b) = τp(b)/τp(1), b = 1..B, measured inside the server (batch probe)
 
     def tau_p_s(self, input_tokens: float, output_tokens: float) -> float:
         """Per-block computation of one job: t_o + t_in·l_in + t_out·(l_out − 1)."""
@@ -129,6 +131,60 @@ def synthetic_samples(fit: ServerFit, jobs: Iterable[tuple[int, int, int]], rng:
             t = fit.round_trip_s + m * fit.t_out_s
             out.append(StepSample(fit.name, m, l_in, l_out, "decode", 1, k, t + rng.normal(0, noise_s), rep))
     return [s if s.time_s > 0 else StepSample(**{**asdict(s), "time_s": 1e-6}) for s in out]
+
+
+# ---- sessions batched together: τp(b) from the server's own step log --------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One runtime batch a server ran (its step log, ``PETALS_CHAIN_STEP_LOG``): sessions, tokens, seconds."""
+
+    sessions: int
+    tokens: int
+    seconds: float
+
+
+def read_step_log(path: str | Path) -> list[BatchStep]:
+    """The rows of a server's step log (CSV ``sessions,tokens,seconds``); SpecError naming the line if malformed."""
+    rows = []
+    lines = Path(path).read_text().splitlines()
+    for i, line in enumerate(lines[1:], start=2):
+        try:
+            b, n, t = line.split(",")
+            rows.append(BatchStep(int(b), int(n), float(t)))
+        except ValueError:
+            raise SpecError(f"{path}:{i}: expected 'sessions,tokens,seconds', got {line!r}") from None
+    return rows
+
+
+def batch_slowdown(steps: Sequence[BatchStep], label: str = "server") -> tuple[float, ...]:
+    """g(b) for b = 1..B from the decode batches (one token per session): the median step time with b sessions over
+    the median with one. Sizes the probe did not see are interpolated linearly between the neighbours it did; the
+    curve is made non-decreasing (a running maximum: noise, not a faster step for more sessions) and at most b."""
+    times: dict[int, list[float]] = {}
+    for st in steps:
+        if st.tokens == st.sessions and st.seconds > 0:
+            times.setdefault(st.sessions, []).append(st.seconds)
+    if 1 not in times:
+        raise SpecError(f"batch probe of {label}: no decode step of one session alone in the step log")
+    base = float(np.median(times[1]))
+    sizes = sorted(times)
+    measured = np.array([float(np.median(times[b])) / base for b in sizes])
+    curve = np.interp(np.arange(1, sizes[-1] + 1), sizes, measured)
+    curve = np.minimum(np.maximum.accumulate(curve), np.arange(1, sizes[-1] + 1))
+    curve[0] = 1.0
+    return tuple(round(float(g), 6) for g in curve)
+
+
+def linear_serial_fraction(curve: Sequence[float]) -> float:
+    """The σ whose line 1 + σ(b − 1) fits ``curve`` best (least squares), in [0, 1]: the serial fraction that
+    approximates a measured τp(b) (σ = 0 for a curve of one point)."""
+    b = np.arange(len(curve), dtype=float)
+    if len(curve) < 2:
+        return 0.0
+    sigma = float(np.dot(b, np.asarray(curve, dtype=float) - 1.0) / np.dot(b, b))
+    return min(1.0, max(0.0, sigma))
 
 
 # ---- what to measure ----------------------------------------------------------------------------------------

@@ -12,8 +12,12 @@ computation of the blocks it covers, so per server j (non-negative least squares
 with ``r_j`` the round trip (RTT + serialisation overhead) and ``s_j`` the extra of opening the
 session. Hence, per job, the paper's per-block ``τp_j = t_o + t_in·l_in + t_out·(l_out − 1)`` and
 per-server ``τc_j = s_j + l_out · r_j`` (one round trip for the prefill and each decode step).
-A saturation probe (closed-loop jobs, several per server at once) measures the testbed's capacity
-in jobs/s, which the Table 1 replay scales its trace to. Outputs: the step samples (CSV), the fits
+A batch probe runs b = 1, 2, 4, … sessions at once on each server and reads the server's own step log
+(``PETALS_CHAIN_STEP_LOG``: sessions, tokens and seconds of every batch its runtime ran), so τp(b)/τp(1) is
+measured inside the server, without the round trips (``profile_fit.batch_slowdown``). The servers batch as ours
+do (``batched``, the default) or run PETALS' one-session-at-a-time pool. A saturation probe (closed-loop jobs,
+several per server at once) measures the testbed's capacity in jobs/s, which the Table 1 replay scales its trace
+to. Outputs: the step samples (CSV), the fits
 and the capacity (JSON), measured-vs-model plots (PNG) and a cluster file with the fitted τ for
 the composer (``petals_chain compose`` format).
 """
@@ -29,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain.model import SpecError
-from petals_chain.launch.profile_fit import Capacity, ProfileGrid, StepSample
+from petals_chain.launch.profile_fit import BatchStep, Capacity, ProfileGrid, StepSample, read_step_log
+from petals_chain.server.batching import STEP_LOG_ENV
 
 # ---- on a live testbed --------------------------------------------------------------------------------------
 
@@ -38,7 +43,7 @@ class LiveProfiler:
     """Plain PETALS servers holding the whole model on a launched testbed, and a client pinned to one at a time."""
 
     def __init__(self, launch: Any, setup: Any, log_dir: Path, *, servers: Sequence[str] | None = None,
-                 sessions_per_server: int = 4, session_tokens: int = 512,
+                 sessions_per_server: int = 4, session_tokens: int = 512, batched: bool = True,
                  log: Callable[[str], None] = print) -> None:
         from petals_chain.launch.swarm_procs import TestbedSwarm
 
@@ -52,6 +57,8 @@ class LiveProfiler:
         self.names = list(servers) if servers else names
         self.sessions_per_server = sessions_per_server
         self.session_tokens = session_tokens
+        self.batched = batched
+        self.log_dir = Path(log_dir)
         self.log = log
         self.dht: Any = None
         self.config: Any = None
@@ -70,13 +77,19 @@ class LiveProfiler:
         peers = self.swarm.start_dht()
         index = {s.name: j for j, s in enumerate(self.launch.testbed.servers)}
         for name in self.names:
+            self.step_log(name).unlink(missing_ok=True)
             self.swarm.start_petals_server(index[name], peers, block_indices=(0, self.setup.num_blocks),
-                                           attn_cache_tokens=self.sessions_per_server * self.session_tokens)
+                                           attn_cache_tokens=self.sessions_per_server * self.session_tokens,
+                                           batched=self.batched, env={STEP_LOG_ENV: str(self.step_log(name))})
         self.dht = DHT(initial_peers=peers, client_mode=True, start=True)
         self.config = dataclasses.replace(ClientConfig(), initial_peers=tuple(peers), dht_prefix=self.setup.dht_prefix,
                                           show_route=False)
         found = wait_petals_servers(self.dht, self.uids, self.names, self.swarm, timeout_s)
         self.peers = {n: peer for n, (peer, _, _) in found.items()}
+
+    def step_log(self, name: str) -> Path:
+        """Where server ``name`` logs every batch its runtime runs (batching servers only)."""
+        return self.log_dir / f"steps-{name}.csv"
 
     @property
     def uids(self) -> list[str]:
@@ -133,6 +146,40 @@ class LiveProfiler:
                 if progress is not None:
                     progress(name, i + 1, len(jobs))
         return samples
+
+    def batch_probe(self, sizes: Sequence[int], input_tokens: int, decode_steps: int,
+                    seed: int = 0) -> dict[str, list[BatchStep]]:
+        """Per profiled server, the batches its runtime ran while ``b`` sessions (each a prefill of ``input_tokens``
+        and ``decode_steps`` decode steps over all blocks) ran at once, for every b in ``sizes``."""
+        if not self.batched:
+            raise SpecError("batch probe: the servers run PETALS' own pool (one session at a time); nothing to batch")
+        if max(sizes) > self.sessions_per_server:
+            raise SpecError(f"batch probe: {max(sizes)} sessions exceed the servers' cache of "
+                            f"{self.sessions_per_server} sessions")
+        out: dict[str, list[BatchStep]] = {}
+        for name in self.names:
+            seen = len(read_step_log(self.step_log(name))) if self.step_log(name).exists() else 0
+            for b in sizes:
+                errors: list[str] = []
+
+                def session(k: int, b: int = b, errors: list[str] = errors) -> None:
+                    """One session of the b running at once."""
+                    try:
+                        self.run_job(name, self.setup.num_blocks, input_tokens, decode_steps + 1,
+                                     np.random.default_rng([seed, b, k]))
+                    except Exception as exc:  # reported below, with the server's name
+                        errors.append(f"{type(exc).__name__}: {exc}")
+
+                threads = [threading.Thread(target=session, args=(k,), daemon=True) for k in range(b)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if errors:
+                    raise RuntimeError(f"batch probe on {name} with {b} sessions: {errors[0]}")
+            rows = read_step_log(self.step_log(name))
+            out[name] = rows[seen:]
+        return out
 
     def capacity(self, input_tokens: int, output_tokens: int, *, streams: int, duration_s: float,
                  warmup_s: float, seed: int = 0) -> Capacity:

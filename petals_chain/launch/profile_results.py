@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.compose.serial import fit_serial_fraction
-from petals_chain.launch.profile_fit import PARAMS, Capacity, ProfileGrid, ServerFit, StepSample
+from petals_chain.compose.serial import fit_serial_fraction, probe_throughput
+from petals_chain.launch.profile_fit import PARAMS, BatchStep, Capacity, ProfileGrid, ServerFit, StepSample
 from petals_chain.model import ServerSpec, SpecError
 
 
@@ -31,6 +31,24 @@ class Profile:
     job: tuple[int, int]
     created: str = ""
     command: str = ""
+
+    def specs(self) -> list[ServerSpec] | None:
+        """The probed servers as the model sees them for the probe's job (their τ and measured τp(b)), or None
+        without a probe that names its servers."""
+        cap = self.capacity
+        if cap is None or not cap.servers or any(n not in self.fits for n in cap.servers):
+            return None
+        li, lo = cap.input_tokens, cap.output_tokens
+        return [ServerSpec(n, 1.0, self.fits[n].tau_c_s(lo), self.fits[n].tau_p_s(li, lo),
+                           batch_slowdown=self.fits[n].batch_slowdown) for n in cap.servers]
+
+    def predicted_capacity(self) -> float | None:
+        """The probe's throughput the model predicts from the measured τp(b) (None without curves or a probe):
+        how far the load-dependent model is from the measured capacity."""
+        specs = self.specs()
+        if specs is None or not all(s.batch_slowdown for s in specs):
+            return None
+        return probe_throughput(specs, self.capacity.sessions(), self.num_blocks)
 
     def serial_fraction(self) -> float:
         """The part of τp the servers compute one session at a time, fitted so that the closed-loop probe's
@@ -52,7 +70,8 @@ class Profile:
                 "servers": [{**asdict(f), "tau_p_s": f.tau_p_s(li, lo), "tau_c_s": f.tau_c_s(lo),
                              "model_tau_c_s": f.model_tau_c_s(lo)} for f in self.fits.values()],
                 "capacity": asdict(self.capacity) if self.capacity is not None else None,
-                "serial_fraction": self.serial_fraction()}
+                "serial_fraction": self.serial_fraction(),
+                "predicted_capacity_jobs_per_s": self.predicted_capacity()}
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -70,6 +89,7 @@ def load_profile(path: str | Path) -> Profile:
                 v = kw.get(p)
                 if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                     raise SpecError(f"{path}: servers[{i}].{p} must be a number >= 0, got {v!r}")
+            kw["batch_slowdown"] = tuple(float(g) for g in kw.get("batch_slowdown", ()))
             fits[s["name"]] = ServerFit(**kw)
         cap = None
         if doc.get("capacity"):
@@ -91,6 +111,17 @@ def write_samples_csv(path: Path, samples: Sequence[StepSample]) -> Path:
         w = csv.DictWriter(fh, fieldnames=list(StepSample.__annotations__))
         w.writeheader()
         w.writerows(asdict(s) for s in samples)
+    return path
+
+
+def write_batch_steps_csv(path: Path, steps: dict[str, Sequence[BatchStep]]) -> Path:
+    """Every batch the servers ran during the batch probe (server, sessions, tokens, seconds): τp(b)'s evidence."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["server", "sessions", "tokens", "seconds"])
+        for name, rows in steps.items():
+            w.writerows([name, r.sessions, r.tokens, r.seconds] for r in rows)
     return path
 
 
@@ -195,8 +226,8 @@ def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[
                                 profile.num_blocks, f"profile of {profile.testbed}")
     li, lo = profile.job
     sigma = profile.serial_fraction()
-    fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps, sigma)
-              for n, f in profile.fits.items()]
+    fitted = [FittedServer(n, memory[n], f.tau_p_s(li, lo), f.tau_c_s(lo), f.inference_rps, f.forward_rps, sigma,
+                           f.batch_slowdown) for n, f in profile.fits.items()]
     rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else defaults.ARRIVAL_RATE
     paths["cluster"] = write_cluster(out_dir / f"{stem}_cluster.yaml", setup, fitted, rate, target_load, profile.job)
     return paths

@@ -3,7 +3,9 @@
 ``python -m petals_chain.launch.profile_testbed TESTBED.yaml [--quick]`` brings the testbed up (namespaces,
 delays), starts a whole-model PETALS server per testbed server, times prefill and decode steps over several block
 counts, input and output lengths (one server at a time, :mod:`petals_chain.launch.profile_live`), fits the
-paper's model (:mod:`petals_chain.launch.profile_fit`), probes the testbed's capacity with closed-loop jobs, and
+paper's model (:mod:`petals_chain.launch.profile_fit`), measures τp(b) with b sessions batched (the servers' own
+step logs; ``--unbatched`` profiles PETALS' one-at-a-time pool instead), probes the testbed's capacity with
+closed-loop jobs, and
 writes ``OUT/STEM.json``, ``OUT/STEM_samples.csv``, ``OUT/STEM.png`` (measured vs model, paper Figs 9-10) and
 ``OUT/STEM_cluster.yaml`` (the fitted τ for the composer: ``python -m petals_chain compose OUT/STEM_cluster.yaml``).
 Everything is torn down at the end. Exit codes: 0 done, 2 bad input or the testbed could not be brought up.
@@ -17,6 +19,7 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,6 +46,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity-streams", type=int, default=None, help="closed-loop clients (default 2 per server)")
     p.add_argument("--capacity-s", type=float, default=None, help="probe length after warm-up (default 60, quick 30)")
     p.add_argument("--no-capacity", action="store_true", help="skip the capacity probe")
+    p.add_argument("--batch-sizes", default="1,2,4,8",
+                   help="sessions at once in the batch probe (comma-separated; default 1,2,4,8)")
+    p.add_argument("--batch-steps", type=int, default=16, help="decode steps per session in the batch probe")
+    p.add_argument("--unbatched", action="store_true",
+                   help="profile PETALS' own pool (one session at a time): no batch probe, the old profile")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 
@@ -54,8 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from petals_chain.launch.launcher import Launch, LaunchError
     from petals_chain.launch.live_setup import model_setup
     from petals_chain.launch.swarm_procs import MethodError
-    from petals_chain.launch.profile_fit import FULL_GRID, QUICK_GRID, fit_server
-    from petals_chain.launch.profile_results import Profile, write_outputs
+    from petals_chain.launch.profile_fit import FULL_GRID, QUICK_GRID, batch_slowdown, fit_server
+    from petals_chain.launch.profile_results import Profile, write_batch_steps_csv, write_outputs
     from petals_chain.launch.profile_live import LiveProfiler
 
     try:
@@ -69,9 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = (args.job_input_tokens, args.job_output_tokens)
         if min(job) < 1 or sum(job) > setup.max_length:
             raise SpecError(f"--job-input-tokens/--job-output-tokens must be >= 1 with a sum <= {setup.max_length}")
+        sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+        if not sizes or sizes[0] < 1 or 1 not in sizes or args.batch_steps < 1:
+            raise SpecError("--batch-sizes must list integers >= 1 including 1, and --batch-steps must be >= 1")
         if os.geteuid() != 0:
             raise SpecError("bringing a testbed up needs root (network namespaces)")
-    except (TestbedError, SpecError) as err:
+    except (TestbedError, SpecError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     grid = QUICK_GRID if args.quick else FULL_GRID
@@ -86,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     launch = Launch(tb)
     try:
         launch.up()
-        with LiveProfiler(launch, setup, log_dir, servers=names, session_tokens=max(grid.max_length(), sum(job))) as p:
+        with LiveProfiler(launch, setup, log_dir, servers=names, session_tokens=max(grid.max_length(), sum(job)),
+                          sessions_per_server=max(4, sizes[-1]), batched=not args.unbatched) as p:
             print(f"servers online after {time.monotonic() - t0:.0f} s", flush=True)
             from tqdm import tqdm
 
@@ -101,6 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from petals_chain.launch.profile_results import write_samples_csv
 
             write_samples_csv(args.out / f"{stem}_samples.csv", samples)  # kept even if the probe below fails
+            steps = {}
+            if not args.unbatched:
+                print(f"batch probe: {','.join(map(str, sizes))} sessions at once, {args.batch_steps} decode steps "
+                      "each, per server", flush=True)
+                steps = p.batch_probe(sizes, grid.base_input, args.batch_steps, seed=args.seed)
+                write_batch_steps_csv(args.out / f"{stem}_batch_steps.csv", steps)
             cap = None
             if not args.no_capacity:
                 print(f"capacity probe: {streams} closed-loop streams of l_in={job[0]}, l_out={job[1]} for "
@@ -114,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers = {s.name: s for s in tb.servers}
         fits = {n: fit_server(samples, n, rtt_s=servers[n].rtt_s, speed_factor=servers[n].speed_factor)
                 for n in names}
+        fits = {n: replace(f, batch_slowdown=batch_slowdown(steps[n], n)) if n in steps else f
+                for n, f in fits.items()}
         profile = Profile(tb.name, setup.name, setup.num_blocks, setup.max_length, fits, cap, job,
                           datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           "python -m petals_chain.launch.profile_testbed " + " ".join(shlex.quote(a) for a in
@@ -136,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{n:8} {f.speed_factor:5.3f} {f.rtt_s * 1e3:6.1f}ms {f.round_trip_s * 1e3:12.1f}ms "
               f"{f.t_in_s * 1e6:7.1f}us {f.t_out_s * 1e3:7.2f}ms {f.tau_p_s(li, lo) * 1e3:7.1f}ms "
               f"{f.tau_c_s(lo):7.3f}s {f.model_tau_c_s(lo):10.3f}s {f.r2:6.3f}")
+    for n, f in fits.items():
+        if f.batch_slowdown:
+            print(f"{n}: tau_p(b)/tau_p(1) = {', '.join(f'{g:.2f}' for g in f.batch_slowdown)} (b = 1..)")
     if cap is not None:
         print(f"capacity: {cap.jobs_per_s:.3f} jobs/s of (l_in={cap.input_tokens}, l_out={cap.output_tokens}) with "
               f"{cap.streams} streams ({cap.completed} jobs in {cap.window_s:.0f} s, mean job {cap.mean_job_s:.2f} s)")

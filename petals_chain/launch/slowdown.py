@@ -8,7 +8,11 @@ slower while the shared cores stay free for the other servers. It also sends std
 launcher only reads a ready line from stdout; a chatty server must not fill that pipe), then runs
 
     python -m petals_chain.launch.slowdown petals ARGS...        # = python -m petals.cli.run_server ARGS...
+    python -m petals_chain.launch.slowdown batched ARGS...       # the same with our batching pool (defaults)
     python -m petals_chain.launch.slowdown orchestrated ARGS...  # = python -m petals_chain.server ARGS...
+
+Our batched step of several sessions (server/batched_step.py) does not go through ``inference_step``, so it is
+stretched too: without that, a batching server would run at the full speed of the host.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 SPEED_ENV = "PETALS_CHAIN_SPEED_FACTOR"
-ENTRIES = ("petals", "orchestrated")
+ENTRIES = ("petals", "batched", "orchestrated")
 
 
 def speed_factor_from_env(env: dict[str, str] | None = None) -> float:
@@ -54,17 +58,21 @@ def stretched(fn: Callable[..., Any], speed: float, clock: Callable[[], float] =
 
 
 def install(speed: float) -> bool:
-    """Stretch petals' per-block compute by 1/speed (in this process); False when speed is 1 (nothing to do)."""
+    """Stretch petals' per-block compute, and our batched step of several sessions, by 1/speed (in this process);
+    False when speed is 1 (nothing to do)."""
     if speed >= 1.0:
         return False
     from petals.server.backend import TransformerBackend
 
-    for name in ("inference_step", "forward"):
-        original = getattr(TransformerBackend, name)
+    from petals_chain.server.batched_step import BatchedMergedInferenceStep
+
+    for cls, name in ((TransformerBackend, "inference_step"), (TransformerBackend, "forward"),
+                      (BatchedMergedInferenceStep, "__call__")):
+        original = getattr(cls, name)
         if not getattr(original, "_petals_chain_stretched", False):
             wrapper = stretched(original, speed)
             wrapper._petals_chain_stretched = True  # type: ignore[attr-defined]
-            setattr(TransformerBackend, name, wrapper)
+            setattr(cls, name, wrapper)
     return True
 
 
@@ -87,8 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     install(speed)
     print(f"slowdown: speed factor {speed:g} (compute stretched x{1 / speed:.3f})", file=sys.stderr, flush=True)
-    if entry == "petals":
+    if entry in ("petals", "batched"):
         from petals.cli import run_server
+
+        if entry == "batched":
+            from petals_chain.server.batching import BatchingConfig, install_batching
+
+            install_batching(BatchingConfig())
 
         sys.argv = ["petals.cli.run_server", *rest]
         run_server.main()

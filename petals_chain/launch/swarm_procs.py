@@ -80,13 +80,14 @@ class TestbedSwarm:
         self.procs[label] = proc
         return proc
 
-    def spawn_server(self, j: int, argv: Sequence[str]) -> subprocess.Popen:
-        """Start a server command in namespace ``j`` through the launcher (tagged, its speed/budget in the env)."""
+    def spawn_server(self, j: int, argv: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start a server command in namespace ``j`` through the launcher (tagged, its speed/budget in the env, plus
+        ``env``)."""
         name = self.launch.testbed.servers[j].name
         label = f"server-{name}"
         path = self.log_path(label)
         path.unlink(missing_ok=True)
-        proc = self.launch.start_server(j, list(argv), env=_env(), log_path=path)
+        proc = self.launch.start_server(j, list(argv), env=_env(env), log_path=path)
         self.procs[label] = proc
         return proc
 
@@ -121,13 +122,16 @@ class TestbedSwarm:
 
     def start_petals_server(self, j: int, initial_peers: Sequence[str], *, block_indices: tuple[int, int] | None = None,
                             num_blocks: int | None = None, attn_cache_tokens: int,
-                            throughput: dict[str, Any] | float = 1.0) -> subprocess.Popen:
-        """A plain PETALS server in namespace j (fixed ``block_indices``, or ``num_blocks`` it places itself)."""
+                            throughput: dict[str, Any] | float = 1.0, batched: bool = False,
+                            env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A plain PETALS server in namespace j (fixed ``block_indices``, or ``num_blocks`` it places itself); with
+        ``batched``, PETALS' server with our batching pool (launch/slowdown.py's ``batched`` entry)."""
         if (block_indices is None) == (num_blocks is None):
             raise SpecError("start_petals_server: give exactly one of block_indices or num_blocks")
         name = self.launch.testbed.servers[j].name
         listen, announce = self.endpoint_args(j)
-        argv = [self.python, "-m", "petals_chain.launch.slowdown", "petals", str(self.setup.model_dir),
+        entry = "batched" if batched else "petals"
+        argv = [self.python, "-m", "petals_chain.launch.slowdown", entry, str(self.setup.model_dir),
                 "--public_name", name, "--dht_prefix", self.setup.dht_prefix, "--initial_peers", *initial_peers,
                 "--host_maddrs", listen, "--announce_maddrs", announce, "--device", "cpu",
                 "--torch_dtype", self.setup.dtype, "--num_handlers", "1", "--attn_cache_tokens", str(attn_cache_tokens),
@@ -141,7 +145,7 @@ class TestbedSwarm:
             argv += ["--throughput", "auto", "--cache_dir", str(cache_dir)]
         else:
             argv += ["--throughput", repr(float(throughput))]
-        return self.spawn_server(j, argv)
+        return self.spawn_server(j, argv, env)
 
     def start_orchestrated_server(self, j: int, url: str, tau_p_s: float, job: tuple[int, int]) -> subprocess.Popen:
         """An orchestrated server (``petals_chain.server``) in namespace j with its testbed budget and fitted τp."""

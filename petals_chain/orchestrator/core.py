@@ -199,8 +199,10 @@ class Orchestrator:
             peer_id=body.peer_id,
             address=body.address,
         )
-        if spec is not None and rec.serial_fraction != spec.serial_fraction:
-            rec.serial_fraction = spec.serial_fraction  # pinned with its times: a server does not measure it
+        if spec is not None and (rec.serial_fraction, rec.batch_slowdown) != (spec.serial_fraction,
+                                                                             spec.batch_slowdown):
+            # pinned with its times: a server does not measure its σ or τp(b)
+            rec.serial_fraction, rec.batch_slowdown = spec.serial_fraction, spec.batch_slowdown
             self.registry.generation += 1
             changed = True
         if self.state is not None:

@@ -207,15 +207,16 @@ class Persistence:
         reg = orch.registry
         now = orch.clock()
         if state.servers:
-            # σ is not stored: it comes from the cluster file this orchestrator was started with, as before the
-            # restart
-            serial = {name: rec.serial_fraction for name, rec in reg.servers.items()}
-            serial |= {name: spec.serial_fraction for name, spec in orch.pinned.items()}
+            # σ and τp(b) are not stored: they come from the cluster file this orchestrator was started with, as
+            # before the restart
+            serial = {name: (rec.serial_fraction, rec.batch_slowdown) for name, rec in reg.servers.items()}
+            serial |= {name: (spec.serial_fraction, spec.batch_slowdown) for name, spec in orch.pinned.items()}
             reg.servers.clear()
             for s in state.servers:
                 rec = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, s.peer_id, s.address,
                                    None if s.planned else now, s.alive, s.dead_reason,
-                                   serial_fraction=serial.get(s.name, 0.0))
+                                   serial_fraction=serial.get(s.name, (0.0, ()))[0],
+                                   batch_slowdown=serial.get(s.name, (0.0, ()))[1])
                 if s.assignment is not None:
                     rec.assignment = Assignment(s.name, *s.assignment)
                 if s.previous_assignment is not None:

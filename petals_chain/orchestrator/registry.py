@@ -87,10 +87,12 @@ class ServerRecord:
     serving: tuple[int, int] | None = None
     pending: str = ""  # why it is held out of the composition (not yet seen in the DHT), "" once believed
     serial_fraction: float = 0.0  # from a cluster file (compose/serial.py); servers do not measure it themselves
+    batch_slowdown: tuple[float, ...] = ()  # τp(b)/τp(1) from a cluster file (the profiler's batch probe)
 
     def spec(self) -> ServerSpec:
         """The ServerSpec the composition algorithms see."""
-        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction)
+        return ServerSpec(self.name, self.memory_bytes, self.tau_c_s, self.tau_p_s, self.serial_fraction,
+                          self.batch_slowdown)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form for the HTTP API."""
@@ -102,6 +104,7 @@ class ServerRecord:
             "tau_p_s": self.tau_p_s,
             "tau_c_s": self.tau_c_s,
             "serial_fraction": self.serial_fraction,
+            "batch_slowdown": list(self.batch_slowdown),
             "alive": self.alive,
             "dead_reason": self.dead_reason or None,
             "assignment": self.assignment.to_json() if self.assignment else None,
@@ -233,7 +236,7 @@ class Registry:
             self.check_memory(s.memory_bytes)
         for s in specs:
             self.servers[s.name] = ServerRecord(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s,
-                                                serial_fraction=s.serial_fraction)
+                                                serial_fraction=s.serial_fraction, batch_slowdown=s.batch_slowdown)
         self.generation += 1
 
     def get(self, name: str) -> ServerRecord:

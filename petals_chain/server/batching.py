@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -43,6 +44,32 @@ log = logging.getLogger(__name__)
 BATCH_LOG_PREFIX = "batched inference step of"  # the log line of each new largest batch (live tests read it)
 STATS_PERIOD_S = 30.0  # how often the pool logs its histogram of sessions per step (when it changed)
 RECENT_BATCHES = 2  # a session seen in this many last batches is expected back (the window waits for it)
+STEP_LOG_ENV = "PETALS_CHAIN_STEP_LOG"  # a CSV path: every runtime batch appends "sessions,tokens,seconds"
+
+
+class StepLog:
+    """Appends one CSV row per inference batch the runtime ran: sessions, tokens and the seconds of the step itself
+    (no queueing, no RPC). How the profiler measures τp(b) inside the server (launch/profile_live.py); a file, not
+    a buffer, so the server's memory does not grow with its uptime."""
+
+    HEADER = "sessions,tokens,seconds\n"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        fresh = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - open for the server's lifetime, line-buffered
+        if fresh:
+            self._file.write(self.HEADER)
+
+    def write(self, sessions: int, tokens: int, seconds: float) -> None:
+        """One batch's row."""
+        self._file.write(f"{sessions},{tokens},{seconds:.6f}\n")
+
+    @classmethod
+    def from_env(cls) -> StepLog | None:
+        """The log named by ``PETALS_CHAIN_STEP_LOG``, or None when unset."""
+        path = os.environ.get(STEP_LOG_ENV, "")
+        return cls(path) if path else None
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self._largest = 1
         self._stats_lock = threading.Lock()
         self._last_stats = (time.monotonic(), Counter())
+        self.step_log = StepLog.from_env()
 
     # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
 
@@ -174,6 +202,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         """Run the tasks' steps; returns (per task its outputs tuple or its exception, total tokens)."""
         tokens = sum(int(a[0].shape[0] * a[0].shape[1]) if isinstance(a[0], torch.Tensor) and a[0].ndim == 3 else 1
                      for a in batch)
+        started = time.perf_counter()
         if len(batch) == 1 and _batchable_key(batch[0]) is None:  # a KV transfer, deep prompts, an adapter, beams
             results = [self._run_alone(batch[0])]
         else:  # a lone batchable session too: the same arithmetic whether or not others share its step
@@ -185,6 +214,8 @@ class BatchingInferencePool(PrioritizedTaskPool):
                             len(batch), type(exc).__name__, exc)
                 self.retried_batches += 1
                 results = [self._run_alone(args) for args in batch]
+        if self.step_log is not None:
+            self.step_log.write(len(batch), tokens, time.perf_counter() - started)
         self._count(len(batch))
         return results, tokens
 

@@ -280,14 +280,14 @@ def _free_subnet() -> str:
 @pytest.mark.skipif(not _netns_works(), reason="needs root and network namespaces")
 def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path) -> None:
     """Tiny LLaMA, 2 servers (one four times slower) behind 20/30 ms relays: the live profiler's fit sees the delays
-    and the slowdown; a 6-request replay through PETALS and the proposed scheme serves every request exactly,
+    and the slowdown, its batch probe reads τp(b) from the servers' step logs; a 6-request replay through PETALS and the proposed scheme serves every request exactly,
     with waiting ≥ 0, service > 0, and the sampled number in flight equal to λ·W (Little's law)."""
     import yaml
 
     from petals_chain.launch.launcher import Launch
     from petals_chain.launch.live_methods import LiveMethod
     from petals_chain.launch.live_setup import FittedServer, model_setup
-    from petals_chain.launch.profile_fit import ProfileGrid, fit_server
+    from petals_chain.launch.profile_fit import ProfileGrid, batch_slowdown, fit_server
     from petals_chain.launch.profile_live import LiveProfiler
     from petals_chain.launch.testbed import load_testbed
     from petals_chain.loopback.swarm import write_tiny_llama
@@ -318,6 +318,12 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
             with LiveProfiler(launch, setup, tmp_path / "logs-profile", session_tokens=64) as prof:
                 samples = prof.measure(grid, np.random.default_rng(0))
                 cap = prof.capacity(16, 4, streams=2, duration_s=3.0, warmup_s=1.0)
+                steps = prof.batch_probe([1, 2, 4], 16, 6)
+            for name, rows in steps.items():  # τp(b) from the servers' own step logs (they batch by default)
+                assert max(r.sessions for r in rows) >= 2, name  # several sessions' steps ran as one
+                curve = batch_slowdown(rows, name)
+                assert curve[0] == 1.0 and len(curve) >= 2, (name, curve)
+                assert all(1.0 <= g <= b for b, g in enumerate(curve, start=1)), (name, curve)
             fits = {s.name: fit_server(samples, s.name, rtt_s=s.rtt_s, speed_factor=s.speed_factor)
                     for s in tb.servers}
             assert fits["a"].round_trip_s > 0.8 * 0.020 and fits["b"].round_trip_s > 0.8 * 0.030
