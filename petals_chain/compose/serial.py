@@ -23,6 +23,7 @@ from scipy.optimize import brentq
 from petals_chain.model import Chain, ServerSpec, SpecError
 
 _TOL = 1e-9
+_MIN_RATE = 1e-12  # a slot that adds nothing (or a measured curve that dips) still counts as a slot
 
 
 Factor = Callable[[int], float]
@@ -33,12 +34,10 @@ def _queue(i: int) -> float:
     return float(i)
 
 
-def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int,
-                 factors: Sequence[Factor] | None = None) -> tuple[float, float]:
-    """Exact single-class MVA with load-dependent stations: ``sessions`` jobs cycling through one station per demand
-    (seconds of service per job for one session alone) and a delay of ``delay_s``; returns (jobs per second,
-    seconds per job). With i jobs at station j each progresses at 1/(D_j·g_j(i)), ``factors[j]`` = g_j; without
-    factors every station serves one job at a time (g(i) = i, the plain MVA recursion)."""
+def closed_chain_curve(demands_s: Sequence[float], delay_s: float, sessions: int,
+                       factors: Sequence[Factor] | None = None) -> list[float]:
+    """Jobs per second of the closed network of :func:`closed_chain` with n = 1..``sessions`` jobs in it (one pass
+    of the recursion gives every population)."""
     if sessions < 1:
         raise SpecError(f"closed_chain: sessions must be >= 1, got {sessions}")
     factors = list(factors) if factors is not None else [_queue] * len(demands_s)
@@ -46,15 +45,25 @@ def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int,
         raise SpecError(f"closed_chain: {len(factors)} step factors for {len(demands_s)} stations")
     g = [[f(i) for i in range(1, sessions + 1)] for f in factors]  # g[j][i-1]
     marg = [[1.0] for _ in demands_s]  # marg[j][i]: P(i jobs at station j) with n − 1 jobs in the network
-    thr = resp = 0.0
+    out = []
     for n in range(1, sessions + 1):
         times = [d * sum(g[j][i - 1] * marg[j][i - 1] for i in range(1, n + 1)) for j, d in enumerate(demands_s)]
-        resp = delay_s + sum(times)
-        thr = n / resp
+        thr = n / (delay_s + sum(times))
+        out.append(thr)
         for j, d in enumerate(demands_s):
             busy = [thr * d * g[j][i - 1] / i * marg[j][i - 1] for i in range(1, n + 1)]
             marg[j] = [max(0.0, 1.0 - sum(busy)), *busy]
-    return thr, resp
+    return out
+
+
+def closed_chain(demands_s: Sequence[float], delay_s: float, sessions: int,
+                 factors: Sequence[Factor] | None = None) -> tuple[float, float]:
+    """Exact single-class MVA with load-dependent stations: ``sessions`` jobs cycling through one station per demand
+    (seconds of service per job for one session alone) and a delay of ``delay_s``; returns (jobs per second,
+    seconds per job). With i jobs at station j each progresses at 1/(D_j·g_j(i)), ``factors[j]`` = g_j; without
+    factors every station serves one job at a time (g(i) = i, the plain MVA recursion)."""
+    thr = closed_chain_curve(demands_s, delay_s, sessions, factors)[-1]
+    return thr, sessions / thr
 
 
 def _stations(chain: Chain, servers: Sequence[ServerSpec]) -> list[tuple[int, float]]:
@@ -68,30 +77,32 @@ def any_serial(servers: Sequence[ServerSpec]) -> bool:
     return any(s.contended for s in servers)
 
 
-def chain_time(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> float:
-    """Seconds per job of ``chain`` with ``sessions`` jobs in it (its servers' step factors, MVA); T_k if none
-    of its servers is contended."""
+def chain_rates(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> list[float]:
+    """Jobs per second of ``chain`` (its paper-model T_k as built, before any cap) with n = 1..``sessions`` jobs
+    in it, its servers' step factors applied (MVA); n/T_k where none of its servers is contended."""
     stations = _stations(chain, servers)
     if not stations:
-        return chain.service_time_s
+        return [n / chain.service_time_s for n in range(1, sessions + 1)]
     compute = sum(d for _, d in stations)
-    return closed_chain([d for _, d in stations], chain.service_time_s - compute, sessions,
-                        [servers[j].step_factor for j, _ in stations])[1]
+    return closed_chain_curve([d for _, d in stations], chain.service_time_s - compute, sessions,
+                              [servers[j].step_factor for j, _ in stations])
 
 
-def cap_chains(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> tuple[Chain, ...]:
-    """Each chain (in the given order, fastest first) with its slots cut to the knee of what its servers have left
-    once saturated, and its time per job the MVA time at that many sessions; a chain left no slot is dropped.
-    Unchanged where no server's sessions slow each other."""
-    if not any_serial(servers):
-        return tuple(chains)
+def chain_time(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> float:
+    """Seconds per job of ``chain`` (as built, before any cap) with ``sessions`` jobs in it (MVA)."""
+    return sessions / chain_rates(chain, servers, sessions)[-1]
+
+
+def _capped(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> list[tuple[Chain, int]]:
+    """(chain as built, slots kept) for every chain left at least one slot: each chain (in the given order, fastest
+    first) keeps its slots up to the knee of what its servers have left once saturated."""
     left = [1.0] * len(servers)  # share of each server's saturated throughput not yet promised to an earlier chain
     out = []
     for ch in chains:
         stations = [(j, d * servers[j].marginal_step_factor) for j, d in _stations(ch, servers)]
         stations = [(j, d) for j, d in stations if d > 0]
         if not stations:
-            out.append(replace(ch, service_time_s=chain_time(ch, servers, ch.capacity)))
+            out.append((ch, ch.capacity))
             continue
         knee = min(left[j] * ch.service_time_s / d for j, d in stations)
         slots = min(ch.capacity, math.ceil(knee - _TOL))
@@ -99,8 +110,37 @@ def cap_chains(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> tuple[
             continue
         for j, d in stations:
             left[j] -= slots * d / ch.service_time_s
-        out.append(replace(ch, capacity=slots, service_time_s=chain_time(ch, servers, slots)))
-    return tuple(out)
+        out.append((ch, slots))
+    return out
+
+
+def cap_chains_with_rates(chains: Sequence[Chain], servers: Sequence[ServerSpec]
+                          ) -> tuple[tuple[Chain, ...], list[float], list[int]]:
+    """:func:`cap_chains` plus the (rates, capacities) the Theorem 3.7 bounds take for them. In the paper's model
+    each chain's μ_k with its c_k slots; where servers slow with their batch, one entry per slot, the i-th slot of
+    chain k adding i/T_k(i) − (i−1)/T_k(i−1) jobs per second. A chain's rate with n jobs is the sum of its first n
+    slots, so the n fastest slots still bound what n jobs can do from above, and the n slowest from below. Each
+    chain is taken alone: sessions of other chains on a shared server are not counted (the cap already keeps
+    the chains' total within each server's saturated throughput)."""
+    if not any_serial(servers):
+        chains = tuple(chains)
+        return chains, [ch.rate_per_s for ch in chains], [ch.capacity for ch in chains]
+    out, rates = [], []
+    for ch, slots in _capped(chains, servers):
+        curve = chain_rates(ch, servers, slots)
+        out.append(replace(ch, capacity=slots, service_time_s=slots / curve[-1]))
+        before = 0.0
+        for rate in curve:
+            rates.append(max(rate - before, _MIN_RATE))
+            before = rate
+    return tuple(out), rates, [1] * len(rates)
+
+
+def cap_chains(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> tuple[Chain, ...]:
+    """Each chain (in the given order, fastest first) with its slots cut to the knee of what its servers have left
+    once saturated, and its time per job the MVA time at that many sessions; a chain left no slot is dropped.
+    Unchanged where no server's sessions slow each other."""
+    return cap_chains_with_rates(chains, servers)[0]
 
 
 def probe_throughput(servers: Sequence[ServerSpec], sessions: Sequence[int], num_blocks: int,
