@@ -204,17 +204,25 @@ class Placement:
 
 @dataclass(frozen=True)
 class Chain:
-    """A server chain: servers in block order, blocks processed at each (m_ij), capacity c_k."""
+    """A server chain: servers in block order, blocks processed at each (m_ij), capacity c_k, time per job T_k."""
 
     servers: tuple[int, ...]
     blocks: tuple[int, ...]
     capacity: int
     service_time_s: float
+    load_rates: tuple[float, ...] = ()  # jobs/s with n = 1..c_k jobs in it where its servers slow with their batch
 
     @property
     def rate_per_s(self) -> float:
-        """μ_k = 1 / T_k."""
+        """μ_k = 1 / T_k (T_k with all its c_k slots busy where ``load_rates`` is given)."""
         return 1.0 / self.service_time_s
+
+    def rate_with(self, jobs: int) -> float:
+        """Jobs per second the chain finishes with ``jobs`` (1..c_k) of them in it: ``load_rates`` where its servers
+        slow with their batch (compose/serial.py), else jobs·μ_k (the paper's model)."""
+        if self.load_rates:
+            return self.load_rates[jobs - 1]
+        return jobs / self.service_time_s
 
     def spans(self) -> list[tuple[int, int, int]]:
         """(server index, first block 1-indexed, number of blocks) for each hop."""

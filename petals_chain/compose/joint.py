@@ -29,7 +29,7 @@ from petals_chain.analysis.estimate import jffc_mean_estimate
 from petals_chain.compose.capacity import floor_ratio, max_concurrency
 from petals_chain.compose.gbp_cr import gbp_cr_detail
 from petals_chain.compose.gca import gca
-from petals_chain.compose.serial import cap_chains_with_rates
+from petals_chain.compose.serial import bound_rates, cap_chains
 from petals_chain.model import Chain, Composition, InfeasibleError, ModelSpec, Placement, ServerSpec, SpecError
 from petals_chain.model import validate_servers
 
@@ -104,8 +104,8 @@ def _candidates(
         used = {j for ch in chains[:k] for j in ch.servers}
         free = [ch for ch in whole if ch.servers[0] not in used]
         for e in range(len(free) + 1):
-            chosen, rates, caps = cap_chains_with_rates(tuple(chains[:k]) + tuple(free[:e]), servers)
-            b = theorem37_bounds(rates, caps, arrival_rate)
+            chosen = cap_chains(tuple(chains[:k]) + tuple(free[:e]), servers)
+            b = theorem37_bounds(*bound_rates(chosen), arrival_rate)
             if math.isfinite(b.lower_s):
                 yield _Candidate(b.lower_s, b.upper_s, c, rank, k, e, variant, placement, chosen, gbp_chains,
                                  tuple(ch.servers[0] for ch in free[:e]))

@@ -114,33 +114,40 @@ def _capped(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> list[tupl
     return out
 
 
-def cap_chains_with_rates(chains: Sequence[Chain], servers: Sequence[ServerSpec]
-                          ) -> tuple[tuple[Chain, ...], list[float], list[int]]:
-    """:func:`cap_chains` plus the (rates, capacities) the Theorem 3.7 bounds take for them. In the paper's model
-    each chain's μ_k with its c_k slots; where servers slow with their batch, one entry per slot, the i-th slot of
-    chain k adding i/T_k(i) − (i−1)/T_k(i−1) jobs per second. A chain's rate with n jobs is the sum of its first n
-    slots, so the n fastest slots still bound what n jobs can do from above, and the n slowest from below. Each
-    chain is taken alone: sessions of other chains on a shared server are not counted (the cap already keeps
-    the chains' total within each server's saturated throughput)."""
-    if not any_serial(servers):
-        chains = tuple(chains)
-        return chains, [ch.rate_per_s for ch in chains], [ch.capacity for ch in chains]
-    out, rates = [], []
-    for ch, slots in _capped(chains, servers):
-        curve = chain_rates(ch, servers, slots)
-        out.append(replace(ch, capacity=slots, service_time_s=slots / curve[-1]))
-        before = 0.0
-        for rate in curve:
-            rates.append(max(rate - before, _MIN_RATE))
-            before = rate
-    return tuple(out), rates, [1] * len(rates)
-
-
 def cap_chains(chains: Sequence[Chain], servers: Sequence[ServerSpec]) -> tuple[Chain, ...]:
     """Each chain (in the given order, fastest first) with its slots cut to the knee of what its servers have left
-    once saturated, and its time per job the MVA time at that many sessions; a chain left no slot is dropped.
-    Unchanged where no server's sessions slow each other."""
-    return cap_chains_with_rates(chains, servers)[0]
+    once saturated, its time per job the MVA time at that many sessions, and its ``load_rates`` (jobs per second
+    with 1..c_k sessions in it, MVA); a chain left no slot is dropped. Unchanged where no server's sessions slow
+    each other."""
+    if not any_serial(servers):
+        return tuple(chains)
+    out = []
+    for ch, slots in _capped(chains, servers):
+        curve = tuple(chain_rates(ch, servers, slots))
+        out.append(replace(ch, capacity=slots, service_time_s=slots / curve[-1], load_rates=curve))
+    return tuple(out)
+
+
+def bound_rates(chains: Sequence[Chain]) -> tuple[list[float], list[int]]:
+    """The (rates, capacities) the Theorem 3.7 bounds take for ``chains``: each chain's μ_k with its c_k slots in the
+    paper's model; for a chain with ``load_rates``, one entry per slot, the i-th adding r_k(i) − r_k(i−1) jobs per
+    second. A chain's rate with n jobs is the sum of its first n slots, so the n fastest slots still bound what n
+    jobs can do from above, and the n slowest from below. Each chain is taken alone: sessions of other chains on a
+    shared server are not counted (:func:`cap_chains` already keeps the chains' total within each server's
+    saturated throughput)."""
+    rates: list[float] = []
+    caps: list[int] = []
+    for ch in chains:
+        if not ch.load_rates:
+            rates.append(ch.rate_per_s)
+            caps.append(ch.capacity)
+            continue
+        before = 0.0
+        for rate in ch.load_rates:
+            rates.append(max(rate - before, _MIN_RATE))
+            caps.append(1)
+            before = rate
+    return rates, caps
 
 
 def probe_throughput(servers: Sequence[ServerSpec], sessions: Sequence[int], num_blocks: int,

@@ -155,11 +155,14 @@ def test_cluster_files_carry_the_curve_and_refuse_a_bad_one():
 
 def test_the_bounds_see_each_slot_of_a_batching_chain_at_its_own_rate():
     from petals_chain.analysis.bounds import theorem37_bounds
-    from petals_chain.compose.serial import cap_chains_with_rates
+    from petals_chain.compose.serial import bound_rates
 
     batching = ServerSpec("a", 1.3e9, 2.0, 0.1, batch_slowdown=(1.0, 1.1, 1.25, 1.4, 1.55, 1.7, 1.85, 2.0))
     chain = Chain((0,), (30,), 6, 5.0)
-    (capped,), rates, caps = cap_chains_with_rates((chain,), [batching])
+    (capped,) = cap_chains((chain,), [batching])
+    rates, caps = bound_rates([capped])
+    assert capped.load_rates[-1] == pytest.approx(capped.capacity / capped.service_time_s)
+    assert capped.rate_with(1) == pytest.approx(1 / 5.0)
     assert caps == [1] * capped.capacity
     assert rates[0] == pytest.approx(1 / 5.0)  # one session alone: the paper's μ
     assert sum(rates) == pytest.approx(capped.capacity / capped.service_time_s)  # all slots: the MVA rate
@@ -168,4 +171,5 @@ def test_the_bounds_see_each_slot_of_a_batching_chain_at_its_own_rate():
     flat = theorem37_bounds([capped.rate_per_s], [capped.capacity], 0.3)
     assert per_slot.lower_s < flat.lower_s  # a job alone on the chain is faster than at full batch
     plain = ServerSpec("p", 1.3e9, 2.0, 0.1)
-    assert cap_chains_with_rates((chain,), [plain]) == ((chain,), [0.2], [6])
+    assert cap_chains((chain,), [plain]) == (chain,) and bound_rates([chain]) == ([0.2], [6])
+    assert chain.rate_with(3) == pytest.approx(0.6)

@@ -61,7 +61,8 @@ def test_misspelt_key_is_named_with_file_path_and_known_keys(tmp_path: Path) -> 
     with pytest.raises(SpecError) as err:
         load_cluster(path)
     assert str(err.value) == f"{path}: load.target_laod: unknown key (known: arrival_rate, target_load)"
-    with pytest.raises(SpecError, match=re.escape("servers[1] (b).rt: unknown key (known: batch_slowdown, device, memory, ")):
+    known = "servers[1] (b).rt: unknown key (known: batch_slowdown, device, memory, "
+    with pytest.raises(SpecError, match=re.escape(known)):
         load_cluster(write(tmp_path, WITH_UNITS.replace("rtt: 20 ms", "rt: 20 ms")))
     with pytest.raises(SpecError, match=r"devices\.my-gpu\.tflop: unknown key"):
         load_cluster(write(tmp_path, WITH_UNITS.replace("tflops", "tflop")))

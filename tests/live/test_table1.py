@@ -280,8 +280,9 @@ def _free_subnet() -> str:
 @pytest.mark.skipif(not _netns_works(), reason="needs root and network namespaces")
 def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path) -> None:
     """Tiny LLaMA, 2 servers (one four times slower) behind 20/30 ms relays: the live profiler's fit sees the delays
-    and the slowdown, its batch probe reads τp(b) from the servers' step logs; a 6-request replay through PETALS and the proposed scheme serves every request exactly,
-    with waiting ≥ 0, service > 0, and the sampled number in flight equal to λ·W (Little's law)."""
+    and the slowdown, its batch probe reads τp(b) from the servers' step logs; a 6-request replay through PETALS and
+    the proposed scheme serves every request exactly, with waiting ≥ 0, service > 0, and the sampled number in flight
+    equal to λ·W (Little's law)."""
     import yaml
 
     from petals_chain.launch.launcher import Launch
