@@ -22,6 +22,7 @@ from petals_chain.compose.routes import RouteGraph
 from petals_chain.model import Chain, ModelSpec, Placement, ServerSpec, SpecError, validate_servers
 from petals_chain.sim.baselines import simulate_bprr, simulate_petals
 from petals_chain.sim.engine import SimResult, simulate
+from petals_chain.sim.load_dependent import run_load_dependent
 from petals_chain.sim.workloads import Workload
 
 PETALS_CACHE_MODES = ("attn", "memory")
@@ -82,6 +83,8 @@ def build_system(method: str, servers: Sequence[ServerSpec], model: ModelSpec, a
 def simulate_system(system: System, workload: Workload, warmup_jobs: int = 0) -> SimResult:
     """Simulate a built system on ``workload`` (chains under JFFC, or per-request routing)."""
     if system.graph is None:
+        if any(ch.load_rates for ch in system.chains) and workload.service_s is None:
+            return run_load_dependent(system.chains, workload, warmup_jobs)  # servers that slow with their batch
         return simulate([ch.rate_per_s for ch in system.chains], [ch.capacity for ch in system.chains], workload,
                         "JFFC", warmup_jobs=warmup_jobs)
     if get_method(system.method).routing is Routing.PETALS:
