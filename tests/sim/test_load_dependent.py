@@ -54,7 +54,8 @@ def test_the_simulator_uses_the_curve_for_a_composed_system():
     res = simulate_system(system, poisson_workload(0.3, 4000, np.random.default_rng(1)), warmup_jobs=400)
     assert res.engine == "load-dependent" and res.littles_law_gap < 1e-6
     flat = dataclasses.replace(system, chains=tuple(dataclasses.replace(c, load_rates=()) for c in system.chains))
-    assert simulate_system(flat, poisson_workload(0.3, 4000, np.random.default_rng(1)), warmup_jobs=400).engine == "fast"
+    again = simulate_system(flat, poisson_workload(0.3, 4000, np.random.default_rng(1)), warmup_jobs=400)
+    assert again.engine != "load-dependent"
 
 
 def test_bad_input_is_refused():
