@@ -1,23 +1,34 @@
-"""``python -m petals_chain.bench server``: aggregate decoding tokens/s of live batching servers vs PETALS' pool.
+"""``python -m petals_chain.bench server``: decoding tokens/s of live batching servers vs PETALS' pool, end to end
+and inside the server, beside the bare batched forward measured in the same run.
 
-A loopback swarm of SmolLM2-135M (float32, CPU) on two servers of 15 blocks each (the model's 30 blocks do not fit
-one server's budget here, so every step visits both; each server is one 15-block server of the issue) is started
-twice in the same run: with batching (the default options) and with ``--max-batch-sessions 1`` (PETALS'
-one-session-at-a-time pool). For b = 1, 2, 4, 8 concurrent sessions, each holding its lease first, all start
-together and decode ``--new-tokens`` greedy tokens after a prompt of about ``--prompt-tokens``; aggregate tokens/s
-= b × new tokens / wall time from the common start to the last session's end (prefill, RPC and client included).
-The in-process figures of ``bench server-step`` for the same span follow, and the load average is printed before
-and after: the machine is shared, so absolute figures are noisy and the ratios are the result.
+A loopback swarm of SmolLM2-135M (float32, CPU, one torch thread per server) runs its 30 blocks on two servers of
+15 (``--layout two-15``: every step visits both, a chain of two) or one server of 30 (``one-30``), twice in the
+same run: with batching (the default options) and with ``--max-batch-sessions 1`` (PETALS' one-session-at-a-time
+pool). For every context C (tokens in each session's cache at the end) and b concurrent sessions, each holding its
+lease, all start together: a prompt of C − new tokens, then ``--new-tokens`` steps of one token (by default
+hidden states: the servers' work, without the client's LM head and sampling, which here would share the servers'
+two cores; ``--client generate`` runs greedy ``generate()`` instead). Three figures:
+
+* end to end: b × new tokens / wall time from the common start to the last end (prefill, RPC, client included);
+* inside the server: Σ sessions / Σ seconds over the decode batches every server ran (``--step-log``: the
+  seconds of the batched step itself, no queueing or RPC), per server, for the batching swarm;
+* in process, in the same run: one decode step of b sessions over the same span at context C, PETALS'
+  ``_MergedInferenceStep`` one session after another (what its pool computes: its tokens/s inside the server at
+  any b) and the bare batched forward with preallocated caches (the limit), from ``bench server-step``.
+
+The ratios printed are batched / PETALS inside the server, and inside the server / bare forward. The load average
+is printed before and after: the machine is shared, so the absolute figures are noisy and the ratios the result.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import re
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,97 +36,191 @@ import torch
 from petals_chain.experiments.common import REPO
 
 MODEL_DIR = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
+LAYOUTS = {"two-15": 2, "one-30": 1}
+BLOCK_BYTES = 14.16e6  # one SmolLM2-135M block, float32
+CACHE_BYTES_PER_TOKEN = 2 * 3 * 64 * 4  # keys and values of 3 KV heads of 64, float32, per block
 
 
-def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int) -> float:
-    """Aggregate tokens/s of ``b`` concurrent greedy sessions started together (each already leased)."""
+def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: str) -> float:
+    """Aggregate tokens/s of ``b`` concurrent sessions started together (each already leased): greedy ``generate``
+    (``client`` "generate"), or the prompt's embeddings then one random hidden state per step ("hidden": the
+    servers' work without the client's embedding, LM head and sampling, which on this machine share its cores)."""
     barrier = threading.Barrier(b)
     spans: list[tuple[float, float]] = []
     errors: list[BaseException] = []
+    hidden = model.config.hidden_size
 
-    def one() -> None:
+    def one(k: int) -> None:
         """One session: lease, wait for the others, decode."""
         try:
-            with model.inference_session(max_length=prompt.shape[1] + new_tokens + 1) as s:
-                barrier.wait(300)
+            with torch.no_grad(), model.inference_session(max_length=prompt.shape[1] + new_tokens + 1) as s:
+                gen = torch.Generator().manual_seed(k)
+                steps = [torch.randn(1, 1, hidden, generator=gen) for _ in range(new_tokens)]
+                first = model.transformer.word_embeddings(prompt) if client == "hidden" else None
+                barrier.wait(600)
                 t0 = time.perf_counter()
-                model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, session=s)
+                if client == "hidden":
+                    s.step(first)
+                    for x in steps[1:]:
+                        s.step(x)
+                else:
+                    model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, session=s)
                 spans.append((t0, time.perf_counter()))
         except BaseException as exc:  # reported below
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(b)]
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(b)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(900)
+        t.join(1800)
     if errors:
         raise RuntimeError(f"a session failed: {errors[0]!r}")
     wall = max(e for _, e in spans) - min(s for s, _ in spans)
     return b * new_tokens / wall
 
 
-def _swarm_figures(batched: bool, sessions: list[int], prompt: torch.Tensor, new_tokens: int,
-                   log_dir: Path) -> dict[int, float]:
-    """Start the two-server swarm (batched or PETALS' pool) and measure every b; the swarm is stopped after."""
+def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int], sessions: Sequence[int],
+                   new_tokens: int, client: str, log_dir: Path, max_batch: int) -> dict:
+    """Start the swarm (batching with this window, or PETALS' pool for None) and measure every (context, b); the swarm
+    is stopped after. Returns {"e2e": {(ctx, b): tokens/s}, "per_step": {(ctx, b): mean sessions per decode step,
+    the smaller of the servers'}, "rows": {ctx: [(server, sessions, seconds) of every decode batch]},
+    "blocks": {server: blocks it serves}}."""
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
+    from petals_chain.launch.profile_fit import read_step_log
     from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
-    from petals_chain.server.batching import BATCH_LOG_PREFIX
 
-    extra = () if batched else ("--max-batch-sessions", "1")
-    plans = [ServerPlan("a", "300MB", extra), ServerPlan("b", "300MB", extra)]
-    out = {}
-    with LocalSwarm(MODEL_DIR, plans, log_dir=log_dir, model_name="SmolLM2-135M-Instruct", max_length=256,
-                    arrival_rate=0.2, c=max(sessions)) as sw:
-        sw.start(timeout_s=600)
+    n_servers = LAYOUTS[layout]
+    blocks = 30 // n_servers
+    max_length = max(contexts) + 2
+    budget = blocks * BLOCK_BYTES + max(sessions) * max_length * CACHE_BYTES_PER_TOKEN * blocks
+    budget_mb = math.ceil(budget / 1e6 * 1.15) + 20
+    logs = {f"s{k}": log_dir / f"steps-s{k}.csv" for k in range(n_servers)}
+    plans = [ServerPlan(name, f"{budget_mb}MB", ("--max-batch-sessions", "1") if window_ms is None else
+                        ("--step-log", str(path), "--batch-window-ms", repr(window_ms),
+                         "--max-batch-sessions", str(max_batch)))
+             for name, path in logs.items()]
+    out: dict = {"e2e": {}, "per_step": {}, "rows": {}, "blocks": {}}
+    gen = torch.Generator().manual_seed(0)
+    label = "petals pool" if window_ms is None else f"batched, window {window_ms:g} ms"
+    with LocalSwarm(MODEL_DIR, plans, log_dir=log_dir, model_name="SmolLM2-135M-Instruct", max_length=max_length,
+                    arrival_rate=0.2, c=max(sessions), job_input_tokens=max(contexts) - new_tokens,
+                    job_output_tokens=new_tokens) as sw:
+        sw.start(timeout_s=900)
+        for chain in sw.get("/chains")["chains"]:
+            for hop in chain["spans"]:
+                out["blocks"][hop["server"]] = hop["end"] - hop["start"]
         model = AutoDistributedModelForCausalLM.from_pretrained(str(MODEL_DIR), orchestrator=sw.url,
-                                                               lease_timeout_s=600.0)
+                                                               lease_timeout_s=1200.0)
         try:
-            _sessions_tps(model, prompt, 1, 2)  # warm-up: connections, first allocations
-            for b in sessions:
-                out[b] = _sessions_tps(model, prompt, b, new_tokens)
-                print(f"  {'batched' if batched else 'petals '} b={b}: {out[b]:.1f} tokens/s", flush=True)
+            _sessions_tps(model, torch.randint(100, 40000, (1, 8), generator=gen), 1, 2, client)  # warm-up
+            for ctx in contexts:
+                prompt = torch.randint(100, 40000, (1, ctx - new_tokens), generator=gen)
+                out["rows"][ctx] = []
+                for b in sessions:
+                    seen = {n: len(read_step_log(p)) if p.exists() else 0 for n, p in logs.items()}
+                    out["e2e"][(ctx, b)] = _sessions_tps(model, prompt, b, new_tokens, client)
+                    means = []
+                    for name, path in logs.items():
+                        rows = read_step_log(path)[seen[name]:] if path.exists() else []
+                        decode = [(name, r.sessions, r.seconds) for r in rows if r.tokens == r.sessions]
+                        out["rows"][ctx] += decode
+                        if decode:
+                            means.append(sum(r[1] for r in decode) / len(decode))
+                    out["per_step"][(ctx, b)] = min(means) if means else 1.0
+                    print(f"  {label}: ctx={ctx} b={b}: end to end {out['e2e'][(ctx, b)]:.1f} tokens/s, "
+                          f"{out['per_step'][(ctx, b)]:.2f} sessions per decode step", flush=True)
         finally:
             close_client(model)
-        if batched:
-            most = max([1, *(int(m.group(1)) for proc in sw.procs for m in re.finditer(
-                re.escape(BATCH_LOG_PREFIX) + r" (\d+) sessions", proc.log_path.read_text(errors="replace")))])
-            print(f"  largest batched step the servers logged: {most} sessions", flush=True)
     return out
 
 
+def _inside_table(rows: Sequence[tuple[str, int, float]], blocks: dict[str, int],
+                  step: dict[tuple[int, int, int], dict[str, float]], ctx: int, mid: int) -> list[str]:
+    """Per server and number of sessions k its decode batches had: steps seen, tokens/s inside the server
+    (k / median seconds), the bare forward's and PETALS' step's in process at k, and the ratios."""
+    import numpy as np
+
+    lines = []
+    for name in sorted(blocks):
+        by_k: dict[int, list[float]] = {}
+        for server, k, sec in rows:
+            if server == name:
+                by_k.setdefault(k, []).append(sec)
+        for k in sorted(by_k):
+            ref = step.get((blocks[name], mid, k))
+            inside = k / float(np.median(by_k[k]))
+            tail = (f"{ref['c']:>7.1f} {ref['a']:>11.1f} | {inside / ref['c']:>7.2f} {inside / ref['a']:>9.2f}"
+                    if ref else f"{'-':>7} {'-':>11} | {'-':>7} {'-':>9}")
+            lines.append(f"{ctx:>5} {name:>6} {blocks[name]:>6} {k:>3} {len(by_k[k]):>6} | {inside:>7.1f} | {tail}")
+    return lines
+
+
 def run(argv: list[str] | None = None) -> int:
-    """Print the live table, then the in-process one; returns 0."""
+    """Print the live figures and the same run's in-process baseline; returns 0."""
+    from petals_chain import defaults
+    from petals_chain.bench.server_step import step_figures
+
     p = argparse.ArgumentParser(prog="python -m petals_chain.bench server", description=__doc__.splitlines()[0])
-    p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8], help="b, concurrent sessions")
-    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of every session (default 32)")
-    p.add_argument("--new-tokens", type=int, default=24, help="greedy tokens per session (default 24)")
-    p.add_argument("--no-in-process", action="store_true", help="skip bench server-step's figures")
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="two-15",
+                   help="two servers of 15 blocks (a chain of two) or one of 30 (default two-15)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024],
+                   help="tokens in each session's cache at the end (default 128 1024)")
+    p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="b, concurrent sessions")
+    p.add_argument("--new-tokens", type=int, default=24, help="decode steps per session (default 24)")
+    p.add_argument("--windows-ms", type=float, nargs="+", default=[defaults.BATCH_WINDOW_S * 1e3],
+                   help="batching windows to run (ms; the first is the one measured inside the server)")
+    p.add_argument("--client", choices=("hidden", "generate"), default="hidden",
+                   help="sessions step hidden states (the servers' work; default) or run greedy generate()")
+    p.add_argument("--max-batch-sessions", type=int, default=defaults.MAX_BATCH_SESSIONS,
+                   help=f"the batching servers' --max-batch-sessions (default {defaults.MAX_BATCH_SESSIONS})")
+    p.add_argument("--repeat", type=int, default=3, help="timed calls per in-process figure (the fastest is kept)")
     args = p.parse_args(argv)
     if not (MODEL_DIR / "model.safetensors").is_file():
         print(f"error: {MODEL_DIR} is missing: run scripts/prepare_model.sh")
         return 2
+    if min(args.contexts) <= args.new_tokens or min(args.sessions) < 1 or args.new_tokens < 2:
+        print("error: every context must exceed --new-tokens (>= 2), and --sessions must be >= 1")
+        return 2
+    if min(args.windows_ms) < 0:
+        print("error: --windows-ms must be >= 0")
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
     load_before = os.getloadavg()
-    prompt = torch.randint(100, 40000, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(0))
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
-        batched = _swarm_figures(True, args.sessions, prompt, args.new_tokens, Path(tmp) / "batched")
-        petals = _swarm_figures(False, args.sessions, prompt, args.new_tokens, Path(tmp) / "petals")
-    load_after = os.getloadavg()
-    print(f"\nlive: SmolLM2-135M float32 on two 15-block servers (1 torch thread each), prompt {args.prompt_tokens},"
-          f" {args.new_tokens} new tokens per session; aggregate tokens/s")
-    print(f"{'b':>3} | {'petals pool':>11} {'batched':>9} | {'ratio':>5}")
-    for b in args.sessions:
-        print(f"{b:>3} | {petals[b]:>11.1f} {batched[b]:>9.1f} | {batched[b] / petals[b]:>5.2f}")
-    print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after the live runs"
-          f" {tuple(round(x, 2) for x in load_after)}", flush=True)
-    if not args.no_in_process:
-        from petals_chain.bench import server_step
-
-        print("\nin process (bench server-step, the same span, no RPC):", flush=True)
-        server_step.run(["--blocks", "15", "--contexts", str(args.prompt_tokens + args.new_tokens), "--sessions",
-                         *map(str, args.sessions), "--quick", "--no-alternatives"])
-        print(f"load average after everything {tuple(round(x, 2) for x in os.getloadavg())}")
+        runs = {w: _swarm_figures(w, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
+                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions) for w in args.windows_ms}
+        petals = _swarm_figures(None, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
+                                Path(tmp) / "petals", 1)
+    load_live = os.getloadavg()
+    first = runs[args.windows_ms[0]]
+    spans = sorted(set(first["blocks"].values()))
+    mid = [c - args.new_tokens // 2 for c in args.contexts]  # the decode steps' mean context
+    step = step_figures(spans, mid, sorted(set(args.sessions) | set(range(1, max(args.sessions) + 1))),
+                        repeat=args.repeat)
+    spans_text = ", ".join(f"{n} {m} blocks" for n, m in sorted(first["blocks"].items()))
+    print(f"\nSmolLM2-135M float32, layout {args.layout} ({spans_text}; 1 torch thread each), {args.new_tokens} decode "
+          f"steps per session, client {args.client}, --max-batch-sessions {args.max_batch_sessions}")
+    print("end to end through the swarm: tokens/s summed over sessions (mean sessions per decode step)")
+    head = "".join(f" {'window ' + format(w, 'g') + ' ms':>22}" for w in args.windows_ms)
+    print(f"{'ctx':>5} {'b':>3} | {'petals pool':>11} |{head} | ratio to the petals pool")
+    for ctx in args.contexts:
+        for b in args.sessions:
+            ref = petals["e2e"][(ctx, b)]
+            cells = "".join(f" {r['e2e'][(ctx, b)]:>13.1f} ({r['per_step'][(ctx, b)]:>5.2f})" for r in runs.values())
+            ratios = " ".join(f"{r['e2e'][(ctx, b)] / ref:.2f}" for r in runs.values())
+            print(f"{ctx:>5} {b:>3} | {ref:>11.1f} |{cells} | {ratios}")
+    print(f"\ninside the server (window {args.windows_ms[0]:g} ms): every decode batch of k sessions the servers ran, "
+          "tokens/s = k / median step time; bare forward and PETALS' step in process, same blocks and mean context, "
+          "this run (PETALS' pool runs one session at a time: its tokens/s inside the server at every b)")
+    print(f"{'ctx':>5} {'server':>6} {'blocks':>6} {'k':>3} {'steps':>6} | {'inside':>7} | {'bare':>7} "
+          f"{'PETALS step':>11} | {'in/bare':>7} {'in/PETALS':>9}")
+    for ctx, m in zip(args.contexts, mid):
+        for line in _inside_table(first["rows"][ctx], first["blocks"], step, ctx, m):
+            print(line)
+    print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after the live runs "
+          f"{tuple(round(x, 2) for x in load_live)}, at the end {tuple(round(x, 2) for x in os.getloadavg())}")
     return 0

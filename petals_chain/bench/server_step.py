@@ -18,6 +18,7 @@ costs are the server's and are measured elsewhere.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import torch
 
@@ -83,8 +84,10 @@ def _attention_alternatives(shape, max_ctx: int, b: int, repeat: int) -> None:
         print(f"  {name:18s} {t * 1e6:8.1f} µs")
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Print the table; returns 0."""
+def step_figures(blocks: list[int], contexts: list[int], sessions: list[int], *, repeat: int, seed: int = 0,
+                 report: Any = None) -> dict[tuple[int, int, int], dict[str, float]]:
+    """Aggregate tokens/s of one decode step, keyed (blocks, context, b), for (a) PETALS, (a1) ours one session at a
+    time, (b) ours batched and (c) the bare batched forward; ``report(key, tps)`` is called as each is measured."""
     from petals.server.backend import _MergedInferenceStep
 
     from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep, SessionStep
@@ -96,42 +99,21 @@ def run(argv: list[str] | None = None) -> int:
         random_backends,
     )
 
-    p = argparse.ArgumentParser(prog="python -m petals_chain.bench server-step", description=__doc__)
-    p.add_argument("--blocks", type=int, nargs="+", default=[15, 30], help="span lengths (default 15 30)")
-    p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024], help="tokens already cached")
-    p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="b, concurrent sessions")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--repeat", type=int, default=5, help="timed calls per figure, the fastest is kept")
-    p.add_argument("--quick", action="store_true", help="2 timed calls per figure")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-alternatives", action="store_true", help="skip the attention mechanisms' comparison")
-    args = p.parse_args(argv)
-    repeat = 2 if args.quick else args.repeat
-    torch.set_num_threads(args.threads)
-
     shape = known_shape("smollm2-135m")
-    if not args.no_alternatives:
-        for b in sorted({8, max(args.sessions)}):
-            _attention_alternatives(shape, max(args.contexts), b, repeat)
-    config = llama_config(shape, rope_theta=SMOLLM2_ROPE_THETA, max_positions=max(args.contexts) + 8)
-    all_backends = random_backends(config, max(args.blocks), seed=args.seed)
-    max_length = max(args.contexts) + 1
-    b_max = max(args.sessions)
-    handles = [allocate_session(all_backends, 1, max_length) for _ in range(b_max)]
+    config = llama_config(shape, rope_theta=SMOLLM2_ROPE_THETA, max_positions=max(contexts) + 8)
+    all_backends = random_backends(config, max(blocks), seed=seed)
+    max_length = max(contexts) + 1
+    handles = [allocate_session(all_backends, 1, max_length) for _ in range(max(sessions))]
     no_hypo = torch.empty(0, dtype=torch.int64)
-    generator = torch.Generator().manual_seed(args.seed)
-
-    print(f"one decode step, SmolLM2-135M-shaped blocks (random weights), float32, {args.threads} torch thread(s),"
-          f" fastest of {repeat}; tokens/s summed over sessions")
-    print(f"{'blocks':>6} {'ctx':>5} {'b':>3} | {'(a) petals':>10} {'(a1) ours':>10} {'(b) batch':>10}"
-          f" {'(c) bare':>10} | {'b/a':>5} {'b/c':>5} {'a1/a':>5}")
-    for n_blocks in args.blocks:
+    generator = torch.Generator().manual_seed(seed)
+    out: dict[tuple[int, int, int], dict[str, float]] = {}
+    for n_blocks in blocks:
         backends = dict(list(all_backends.items())[:n_blocks])
         merged = _MergedInferenceStep(backends)
         batched = BatchedMergedInferenceStep(backends)
         bare = BatchedSpanStep([b.module for b in backends.values()])
-        for ctx in args.contexts:
-            for b in args.sessions:
+        for ctx in contexts:
+            for b in sessions:
                 hidden = [torch.randn(1, 1, shape.hidden, generator=generator) for _ in range(b)]
                 infos = [inference_infos(backends, handles[i][:n_blocks], ctx) for i in range(b)]
                 nones = [None] * n_blocks
@@ -149,12 +131,46 @@ def run(argv: list[str] | None = None) -> int:
                 stacked = torch.cat(hidden)
                 times = {}
                 for key, fn in (("a", petals_steps), ("a1", ours_one_by_one), ("b", lambda r=requests: batched(r)),
-                                ("c", lambda s=stacked, c=caches: bare([SessionStep(s, c, ctx)]))):
+                                ("c", lambda s=stacked, c=caches, ctx=ctx: bare([SessionStep(s, c, ctx)]))):
                     fn()  # warm-up
                     times[key] = best_of(fn, repeat)
-                tps = {k: b / t for k, t in times.items()}
-                print(f"{n_blocks:>6} {ctx:>5} {b:>3} | {tps['a']:>10.1f} {tps['a1']:>10.1f} {tps['b']:>10.1f}"
-                      f" {tps['c']:>10.1f} | {tps['b'] / tps['a']:>5.2f} {tps['b'] / tps['c']:>5.2f}"
-                      f" {tps['a1'] / tps['a']:>5.2f}", flush=True)
+                out[(n_blocks, ctx, b)] = {k: b / t for k, t in times.items()}
+                if report is not None:
+                    report((n_blocks, ctx, b), out[(n_blocks, ctx, b)])
                 del caches
+    return out
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Print the table; returns 0."""
+    p = argparse.ArgumentParser(prog="python -m petals_chain.bench server-step", description=__doc__)
+    p.add_argument("--blocks", type=int, nargs="+", default=[15, 30], help="span lengths (default 15 30)")
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024], help="tokens already cached")
+    p.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="b, concurrent sessions")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls per figure, the fastest is kept")
+    p.add_argument("--quick", action="store_true", help="2 timed calls per figure")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-alternatives", action="store_true", help="skip the attention mechanisms' comparison")
+    args = p.parse_args(argv)
+    repeat = 2 if args.quick else args.repeat
+    torch.set_num_threads(args.threads)
+
+    shape = known_shape("smollm2-135m")
+    if not args.no_alternatives:
+        for b in sorted({8, max(args.sessions)}):
+            _attention_alternatives(shape, max(args.contexts), b, repeat)
+    print(f"one decode step, SmolLM2-135M-shaped blocks (random weights), float32, {args.threads} torch thread(s),"
+          f" fastest of {repeat}; tokens/s summed over sessions")
+    print(f"{'blocks':>6} {'ctx':>5} {'b':>3} | {'(a) petals':>10} {'(a1) ours':>10} {'(b) batch':>10}"
+          f" {'(c) bare':>10} | {'b/a':>5} {'b/c':>5} {'a1/a':>5}")
+
+    def report(key: tuple[int, int, int], tps: dict[str, float]) -> None:
+        """One row of the table."""
+        n_blocks, ctx, b = key
+        print(f"{n_blocks:>6} {ctx:>5} {b:>3} | {tps['a']:>10.1f} {tps['a1']:>10.1f} {tps['b']:>10.1f}"
+              f" {tps['c']:>10.1f} | {tps['b'] / tps['a']:>5.2f} {tps['b'] / tps['c']:>5.2f}"
+              f" {tps['a1'] / tps['a']:>5.2f}", flush=True)
+
+    step_figures(args.blocks, args.contexts, args.sessions, repeat=repeat, seed=args.seed, report=report)
     return 0

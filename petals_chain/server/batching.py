@@ -74,11 +74,13 @@ class StepLog:
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``)."""
+    """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
+    ``--step-log``)."""
 
     max_sessions: int = defaults.MAX_BATCH_SESSIONS
     window_s: float = defaults.BATCH_WINDOW_S
     max_tokens: int = defaults.MAX_BATCH_TOKENS
+    step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
@@ -140,7 +142,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self._largest = 1
         self._stats_lock = threading.Lock()
         self._last_stats = (time.monotonic(), Counter())
-        self.step_log = StepLog.from_env()
+        self.step_log = StepLog(config.step_log) if config.step_log else StepLog.from_env()
 
     # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
 
