@@ -141,6 +141,42 @@ def job_times(samples: Sequence[StepSample]) -> dict[tuple[str, int, int, int, i
     return out
 
 
+def plot_batch_curves(path: Path, steps: dict[str, Sequence[BatchStep]], fits: dict[str, ServerFit],
+                      title: str) -> Path:
+    """τp(b)/τp(1) per server: every decode batch's time over the server's median alone (points), the curve the
+    model uses (line), beside the paper's model (1) and a server that runs one session at a time (b)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    cmap = plt.get_cmap("tab10")
+    most = 1
+    for i, (name, rows) in enumerate(sorted(steps.items())):
+        decode = [(r.sessions, r.seconds) for r in rows if r.tokens == r.sessions]
+        alone = [t for k, t in decode if k == 1]
+        curve = fits[name].batch_slowdown if name in fits else ()
+        if not alone or not curve:
+            continue
+        base = float(np.median(alone))
+        jitter = (i - len(steps) / 2) * 0.03
+        ax.scatter([k + jitter for k, _ in decode], [t / base for _, t in decode], s=6, alpha=0.35, color=cmap(i))
+        ax.plot(range(1, len(curve) + 1), curve, color=cmap(i), lw=1.5, label=name)
+        most = max(most, len(curve))
+    b = np.arange(1, most + 1)
+    ax.plot(b, b, "k--", lw=1, label="one session at a time (PETALS' pool)")
+    ax.plot(b, np.ones_like(b), "k:", lw=1, label="paper's model")
+    ax.set_xlabel("sessions computed in one step (b)")
+    ax.set_ylabel("step time / one session's step")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, ServerFit], grid_base: tuple[int, int],
                  num_blocks: int, title: str) -> Path:
     """Measured vs model, like paper Figs 9-10: computation vs blocks / input length / output length; communication."""

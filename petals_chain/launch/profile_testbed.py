@@ -140,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                               (argv or sys.argv[1:])))
         paths = write_outputs(args.out, stem, profile, samples, setup, {n: servers[n].memory_bytes for n in names},
                               grid)
+        if steps:
+            from petals_chain.launch.profile_results import plot_batch_curves
+
+            paths["batch png"] = plot_batch_curves(args.out / f"{stem}_batch.png", steps, fits,
+                                                   f"tau_p(b) of {tb.name}: measured inside each server")
     except (LaunchError, MethodError, RuntimeError, SpecError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

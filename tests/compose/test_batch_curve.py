@@ -173,3 +173,13 @@ def test_the_bounds_see_each_slot_of_a_batching_chain_at_its_own_rate():
     plain = ServerSpec("p", 1.3e9, 2.0, 0.1)
     assert cap_chains((chain,), [plain]) == (chain,) and bound_rates([chain]) == ([0.2], [6])
     assert chain.rate_with(3) == pytest.approx(0.6)
+
+
+def test_the_profile_plots_the_measured_curve(tmp_path):
+    from petals_chain.launch.profile_fit import ServerFit
+    from petals_chain.launch.profile_results import plot_batch_curves
+
+    steps = {"s0": [BatchStep(b, b, 0.1 * (1 + 0.2 * (b - 1))) for b in (1, 1, 2, 4, 4)] + [BatchStep(1, 30, 2.0)]}
+    fits = {"s0": ServerFit("s0", 0.01, 0.0, 0.0, 1e-4, 1e-3, batch_slowdown=batch_slowdown(steps["s0"], "s0"))}
+    path = plot_batch_curves(tmp_path / "b.png", steps, fits, "t")
+    assert path.stat().st_size > 10_000 and fits["s0"].batch_slowdown == (1.0, 1.2, 1.4, 1.6)
