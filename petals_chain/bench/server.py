@@ -9,7 +9,8 @@ lease, all start together: a prompt of C − new tokens, then ``--new-tokens`` s
 hidden states: the servers' work, without the client's LM head and sampling, which here would share the servers'
 two cores; ``--client generate`` runs greedy ``generate()`` instead). Three figures:
 
-* end to end: b × new tokens / wall time from the common start to the last end (prefill, RPC, client included);
+* end to end: b × new tokens / wall time from the common start to the last end (RPC and client included; with
+  ``--client hidden`` the clock starts once every session has its prompt in the cache, with ``generate`` before);
 * inside the server: Σ sessions / Σ seconds over the decode batches every server ran (``--step-log``: the
   seconds of the batched step itself, no queueing or RPC), per server, for the batching swarm;
 * in process, in the same run: one decode step of b sessions over the same span at context C, PETALS'
@@ -43,8 +44,9 @@ CACHE_BYTES_PER_TOKEN = 2 * 3 * 64 * 4  # keys and values of 3 KV heads of 64, f
 
 def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: str) -> float:
     """Aggregate tokens/s of ``b`` concurrent sessions started together (each already leased): greedy ``generate``
-    (``client`` "generate"), or the prompt's embeddings then one random hidden state per step ("hidden": the
-    servers' work without the client's embedding, LM head and sampling, which on this machine share its cores)."""
+    from the common start (``client`` "generate": prefill included), or, after every session's prompt, ``new_tokens``
+    decode steps of one random hidden state each timed from a common start ("hidden": the servers' decoding without
+    the client's embedding, LM head and sampling, which on this machine would share the servers' cores)."""
     barrier = threading.Barrier(b)
     spans: list[tuple[float, float]] = []
     errors: list[BaseException] = []
@@ -56,14 +58,15 @@ def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: 
             with torch.no_grad(), model.inference_session(max_length=prompt.shape[1] + new_tokens + 1) as s:
                 gen = torch.Generator().manual_seed(k)
                 steps = [torch.randn(1, 1, hidden, generator=gen) for _ in range(new_tokens)]
-                first = model.transformer.word_embeddings(prompt) if client == "hidden" else None
-                barrier.wait(600)
-                t0 = time.perf_counter()
-                if client == "hidden":
-                    s.step(first)
-                    for x in steps[1:]:
+                if client == "hidden":  # the prompt first, then the decode steps timed from a common start
+                    s.step(model.transformer.word_embeddings(prompt))
+                    barrier.wait(1200)
+                    t0 = time.perf_counter()
+                    for x in steps:
                         s.step(x)
                 else:
+                    barrier.wait(1200)
+                    t0 = time.perf_counter()
                     model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, session=s)
                 spans.append((t0, time.perf_counter()))
         except BaseException as exc:  # reported below
