@@ -75,6 +75,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rerun", default="",
                    help="with --resume: comma-separated methods to replay again although a previous run finished them")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--max-batch-sessions", type=int, default=None,
+                   help="the orchestrated servers' --max-batch-sessions (default: theirs; 1 = PETALS' one-at-a-time "
+                        "pool, as every run before batching)")
     return p.parse_args(argv)
 
 
@@ -100,6 +103,8 @@ def load_inputs(args: argparse.Namespace) -> tuple[Any, Any, Any, list[str]]:
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     if bad := [m for m in methods if m not in METHOD_ORDER]:
         raise SpecError(f"--methods: unknown method(s) {', '.join(bad)}; choose from {', '.join(METHOD_ORDER)}")
+    if args.max_batch_sessions is not None and args.max_batch_sessions < 1:
+        raise SpecError(f"--max-batch-sessions must be >= 1, got {args.max_batch_sessions}")
     rerun = [m.strip() for m in str(getattr(args, "rerun", "")).split(",") if m.strip()]
     if bad := [m for m in rerun if m not in methods]:
         raise SpecError(f"--rerun: {', '.join(bad)} not among --methods ({', '.join(methods)})")
@@ -202,7 +207,7 @@ def run_live(args: argparse.Namespace, prep: Prepared, log: Callable[[str], None
     launch = Launch(prep.testbed, log=log)
     try:
         launch.up()
-        swarm = TestbedSwarm(launch, setup, log_dir)
+        swarm = TestbedSwarm(launch, setup, log_dir, max_batch_sessions=args.max_batch_sessions)
         for method in (m for m in prep.methods if m not in stats):
             t_m = time.monotonic()
             load_before = os.getloadavg()[0]  # other work on the machine skews a method's times: say how much

@@ -20,7 +20,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from petals_chain.launch.profile_fit import FULL_GRID, Capacity, StepSample
-from petals_chain.launch.profile_results import Profile, load_profile, read_samples_csv, write_outputs
+from petals_chain.launch.profile_results import (
+    Profile,
+    load_profile,
+    plot_batch_curves,
+    read_batch_steps_csv,
+    read_samples_csv,
+    write_batch_steps_csv,
+    write_outputs,
+)
 from petals_chain.model import SpecError
 
 CAPACITY_RULES = ("median", "sum")
@@ -100,6 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_servers(profile, {n: (s.rtt_s, s.speed_factor) for n, s in servers.items()}, str(args.testbed))
         paths = write_outputs(args.out, args.stem, profile, samples, model_setup(tb),
                               {n: servers[n].memory_bytes for n in profile.fits}, FULL_GRID)
+        steps: dict = {}
+        for s in args.parts:  # the batch probes' batches, where the parts ran one
+            if Path(f"{s}_batch_steps.csv").is_file():
+                steps |= read_batch_steps_csv(Path(f"{s}_batch_steps.csv"))
+        if steps:
+            paths["batch steps"] = write_batch_steps_csv(args.out / f"{args.stem}_batch_steps.csv", steps)
+            paths["batch png"] = plot_batch_curves(args.out / f"{args.stem}_batch.png", steps, profile.fits,
+                                                   f"tau_p(b) of {tb.name}: measured inside each server")
     except (SpecError, TestbedError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

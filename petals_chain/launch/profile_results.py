@@ -125,6 +125,16 @@ def write_batch_steps_csv(path: Path, steps: dict[str, Sequence[BatchStep]]) -> 
     return path
 
 
+def read_batch_steps_csv(path: Path) -> dict[str, list[BatchStep]]:
+    """The batch probe's batches back from :func:`write_batch_steps_csv`, by server."""
+    out: dict[str, list[BatchStep]] = {}
+    with path.open() as fh:
+        for row in csv.DictReader(fh):
+            out.setdefault(row["server"], []).append(BatchStep(int(row["sessions"]), int(row["tokens"]),
+                                                               float(row["seconds"])))
+    return out
+
+
 def read_samples_csv(path: Path) -> list[StepSample]:
     """Step samples back from :func:`write_samples_csv`."""
     types = {"server": str, "kind": str, "time_s": float}

@@ -46,8 +46,10 @@ class TestbedSwarm:
 
     __test__ = False
 
-    def __init__(self, launch: Launch, setup: ModelSetup, log_dir: Path, *, python: str = sys.executable) -> None:
+    def __init__(self, launch: Launch, setup: ModelSetup, log_dir: Path, *, python: str = sys.executable,
+                 max_batch_sessions: int | None = None) -> None:
         self.launch = launch
+        self.max_batch_sessions = max_batch_sessions  # orchestrated servers' --max-batch-sessions (None: default)
         self.setup = setup
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +159,8 @@ class TestbedSwarm:
                 "--tau-p-s", repr(float(tau_p_s)), "--job-input-tokens", str(job[0]),
                 "--job-output-tokens", str(job[1]), "--host-maddrs", listen, "--announce-maddrs", announce,
                 "--num-handlers", "1", "--torch-threads", "1", "--heartbeat-period-s", "2", "--settle-s", "1"]
+        if self.max_batch_sessions is not None:
+            argv += ["--max-batch-sessions", str(self.max_batch_sessions)]
         return self.spawn_server(j, argv)
 
     def stop(self, labels: Sequence[str] | None = None, grace_s: float = 5.0) -> None:
