@@ -49,12 +49,16 @@ JOB_INPUT_TOKENS = 64  # l_in of the job a server measures its τp on
 JOB_OUTPUT_TOKENS = 16  # l_out of that job (and of its τc)
 
 # ---- cross-session batching of inference steps on a server (server/batching.py, docs/batching.md) ----------------
-# Most sessions whose steps run as one forward pass; 1 keeps PETALS' one-session-at-a-time pool exactly. 8 is where
-# the in-process step reached 5.0-7.8x PETALS' aggregate tokens/s on this CPU (16 added little and doubles a step).
-MAX_BATCH_SESSIONS = 8
+# Most sessions whose steps run as one forward pass; 1 keeps PETALS' one-session-at-a-time pool exactly. Measured
+# (results/bench/server-live-one30.txt, one 30-block SmolLM2 server): a live step of k = 16 sessions gave 5.6-8.2x
+# PETALS' tokens/s inside the server against 4.3-5.4x at k = 8, and 16 sessions on a server are common (its KV room);
+# a step of 16 takes about 2x one of 8, the latency a session pays for it.
+MAX_BATCH_SESSIONS = 16
 # How long a step waits for sessions that were in the last batches but have not sent their next step yet. Only
-# those are waited for, so a lone session never waits; a few ms covers the loopback round trip of a client.
-BATCH_WINDOW_S = 0.005
+# those are waited for, so a lone session never waits. Measured in the same run: with 5 ms (or none) 4 and 8
+# sessions settled into two half-batches (2.0 and 4.0 sessions per step) and 2.8-2.9x PETALS end to end at b = 8;
+# with 20 ms 3.8-6.4 per step and 3.7-4.2x.
+BATCH_WINDOW_S = 0.020
 # Most tokens (hypotheses x new tokens, summed over sessions) in one batched step: bounds its working memory
 # (about 32 KiB per token for SmolLM2 in float32) and how long a decode waits behind a prefill sharing its step.
 MAX_BATCH_TOKENS = 256
