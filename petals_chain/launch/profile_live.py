@@ -36,6 +36,15 @@ from petals_chain.model import SpecError
 from petals_chain.launch.profile_fit import BatchStep, Capacity, ProfileGrid, StepSample, read_step_log
 from petals_chain.server.batching import STEP_LOG_ENV
 
+def _run_together(fn: Callable[[int], None], n: int) -> None:
+    """``fn(0)`` … ``fn(n − 1)``, each in a thread of its own, all started before any is waited for."""
+    threads = [threading.Thread(target=fn, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 # ---- on a live testbed --------------------------------------------------------------------------------------
 
 
@@ -170,11 +179,7 @@ class LiveProfiler:
                     except Exception as exc:  # reported below, with the server's name
                         errors.append(f"{type(exc).__name__}: {exc}")
 
-                threads = [threading.Thread(target=session, args=(k,), daemon=True) for k in range(b)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                _run_together(session, b)
                 if errors:
                     raise RuntimeError(f"batch probe on {name} with {b} sessions: {errors[0]}")
             rows = read_step_log(self.step_log(name))
@@ -204,11 +209,7 @@ class LiveProfiler:
                 with lock:
                     ends.append((start, time.monotonic()))
 
-        threads = [threading.Thread(target=stream, args=(k,), daemon=True) for k in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _run_together(stream, streams)
         if errors:
             raise RuntimeError(f"capacity probe: {len(errors)} stream(s) failed; first: {errors[0]}")
         lo, hi = t0 + warmup_s, stop_at

@@ -148,6 +148,34 @@ def _result(policy: str, engine: str, workload: Workload, start: np.ndarray, end
                      t_w, t_end, float(area_total - area_at_warm))
 
 
+class Occupancy:
+    """The number in system and ∫N dt, kept event by event, with the area at the warm-up job's arrival: the
+    bookkeeping every Python event loop here shares (the numba kernels keep the same figures inline)."""
+
+    def __init__(self, warmup_jobs: int) -> None:
+        self.warmup_jobs = warmup_jobs
+        self.in_sys = 0
+        self.area = 0.0
+        self.area_at_warm = 0.0
+        self.t_last = 0.0
+
+    def _advance(self, t: float) -> None:
+        self.area += self.in_sys * (t - self.t_last)
+        self.t_last = t
+
+    def arrive(self, t: float, job: int) -> None:
+        """Job ``job`` arrives at ``t``."""
+        self._advance(t)
+        self.in_sys += 1
+        if job == self.warmup_jobs:
+            self.area_at_warm = self.area
+
+    def depart(self, t: float) -> None:
+        """A job leaves at ``t``."""
+        self._advance(t)
+        self.in_sys -= 1
+
+
 def run_general(policy: DispatchPolicy, rates: Sequence[float], capacities: Sequence[int], workload: Workload,
                 warmup_jobs: int = 0) -> SimResult:
     """Simulate ``workload`` under any policy object; checks every Start against the chains' capacities.
@@ -173,18 +201,13 @@ def run_general(policy: DispatchPolicy, rates: Sequence[float], capacities: Sequ
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
     i = 0
-    in_sys = 0
-    area = 0.0
-    area_w = 0.0
-    t_last = 0.0
+    occ = Occupancy(warmup_jobs)
     while i < n or heap:
         if heap and (i >= n or heap[0][0] <= arrival[i]):
             t, s0, job, k = heapq.heappop(heap)
             if s0 != cur[job]:
                 continue
-            area += in_sys * (t - t_last)
-            t_last = t
-            in_sys -= 1
+            occ.depart(t)
             end[job] = t
             busy[k] -= 1
             starts = policy.on_departure(job, k, t)
@@ -192,11 +215,7 @@ def run_general(policy: DispatchPolicy, rates: Sequence[float], capacities: Sequ
             t = arrival[i]
             job = i
             i += 1
-            area += in_sys * (t - t_last)
-            t_last = t
-            in_sys += 1
-            if job == warmup_jobs:
-                area_w = area
+            occ.arrive(t, job)
             starts = policy.on_arrival(job, t)
         for st in starts:
             j, k = st.job, st.chain
@@ -229,7 +248,7 @@ def run_general(policy: DispatchPolicy, rates: Sequence[float], capacities: Sequ
             heapq.heappush(heap, (end_t, seq, j, k))
             seq += 1
     return _result(name, "general", workload, np.asarray(start), np.asarray(end), np.asarray(chain),
-                   np.asarray(migrations), area, area_w, warmup_jobs)
+                   np.asarray(migrations), occ.area, occ.area_at_warm, warmup_jobs)
 
 
 def run_fast(policy: str, rates: Sequence[float], capacities: Sequence[int], workload: Workload,

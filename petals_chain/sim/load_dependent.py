@@ -24,7 +24,7 @@ import numpy as np
 
 from petals_chain.dispatch import make_policy
 from petals_chain.model import Chain
-from petals_chain.sim.engine import SimResult, SimulationError, _check_workload, _result
+from petals_chain.sim.engine import Occupancy, SimResult, SimulationError, _check_workload, _result
 from petals_chain.sim.workloads import Workload
 
 __all__ = ["run_load_dependent"]
@@ -58,8 +58,7 @@ def run_load_dependent(chains: Sequence[Chain], workload: Workload, warmup_jobs:
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
     i = 0
-    in_sys = 0
-    area = area_w = t_last = 0.0
+    occ = Occupancy(warmup_jobs)
 
     def advance(k: int, t: float) -> None:
         """Bring the remaining work of chain k's jobs up to time t at the rate they had since the last event."""
@@ -75,9 +74,7 @@ def run_load_dependent(chains: Sequence[Chain], workload: Workload, warmup_jobs:
             t, s0, job, k = heapq.heappop(heap)
             if s0 != cur[job]:
                 continue  # rescheduled since: its chain's occupancy changed
-            area += in_sys * (t - t_last)
-            t_last = t
-            in_sys -= 1
+            occ.depart(t)
             advance(k, t)
             members[k].discard(job)
             end[job] = t
@@ -87,11 +84,7 @@ def run_load_dependent(chains: Sequence[Chain], workload: Workload, warmup_jobs:
             t = arrival[i]
             job = i
             i += 1
-            area += in_sys * (t - t_last)
-            t_last = t
-            in_sys += 1
-            if job == warmup_jobs:
-                area_w = area
+            occ.arrive(t, job)
             touched = set()
             starts = policy.on_arrival(job, t)
         for st in starts:
@@ -114,4 +107,4 @@ def run_load_dependent(chains: Sequence[Chain], workload: Workload, warmup_jobs:
                     heapq.heappush(heap, (t + rem[j] / rate, seq, j, k))
                     seq += 1
     return _result("JFFC", "load-dependent", workload, np.asarray(start), np.asarray(end), np.asarray(chain),
-                   np.zeros(n, dtype=np.int64), area, area_w, warmup_jobs)
+                   np.zeros(n, dtype=np.int64), occ.area, occ.area_at_warm, warmup_jobs)
