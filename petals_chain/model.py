@@ -74,7 +74,8 @@ def span_json(start: int, end: int) -> dict[str, int]:
 @dataclass(frozen=True)
 class ServerSpec:
     """One server j: memory M_j, communication time τc_j, per-block compute time τp_j (one session alone), and how
-    sessions computed at the same time slow each other (docs/model.md, "Sessions that share a server").
+    sessions computed at the same time slow each other (docs/model.md,
+    "Servers whose sessions slow each other: τp(b)").
 
     ``batch_slowdown`` is the server's measured step time with b sessions batched, relative to one alone:
     g(1) = 1, g(2), …, g(B) for b = 1..B, B the most sessions it batches; beyond B the steps of the extra sessions
