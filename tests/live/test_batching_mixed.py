@@ -218,6 +218,8 @@ def test_mixed_sessions_speculation_migration_and_failover_on_batching_servers(m
                 for lease in held:
                     model.orchestrator.run(lambda c, lid=lease.lease_id: c.release(lid), timeout_s=60.0)
             assert target is not None, f"no lease on a chain other than {source}"
+            job.extra["alongside"] = {j.name for j in jobs if j is not job and j.session is not None
+                                      and j.done_s is None}
             rec = migrate_leased(s, target, "kv")
             job.extra.update(migration=rec, source=source, target=target.chain_id, lease=s.lease.chain_id,
                              hops=hops_of(s), target_peers=tuple(h.peer_id for h in target.spans))
@@ -271,8 +273,8 @@ def test_mixed_sessions_speculation_migration_and_failover_on_batching_servers(m
         elsewhere = {j.name for j in running} - on_victim
         # A step may be in flight at the kill; with two or more steps left, one is sent to the dead server for sure
         # (a speculative step writes several tokens: spec is far from its end, checked above).
-        must_fail = {j.name for j in running if j.name in on_victim and (j.kind == "spec" or j.written
-                                                                          <= j.new_tokens - 3)}
+        must_fail = {j.name for j in running
+                     if j.name in on_victim and (j.kind == "spec" or j.written <= j.new_tokens - 3)}
         killed_s = time.monotonic()
         os.killpg(victim.pgid, signal.SIGKILL)
         for t in threads:
@@ -300,6 +302,7 @@ def test_mixed_sessions_speculation_migration_and_failover_on_batching_servers(m
     assert rec.mode == "kv" and rec.position == len(mig.prompt) + MIGRATE_AFTER - 1, rec
     assert tuple(h[0] for h in rec.new) == mig.extra["target_peers"] == tuple(h[0] for h in mig.extra["hops"])
     assert not {h[0] for h in rec.old} & {h[0] for h in rec.new}  # every block's cache went to another server
+    assert mig.extra["alongside"], "no other session ran during the migration"
 
     # -- failover: the sessions on the victim's chain moved off it (each one with steps left to send after the kill
     #    had to); every failover names the victim; the sessions on the other chains were not disturbed --
@@ -329,6 +332,7 @@ def test_mixed_sessions_speculation_migration_and_failover_on_batching_servers(m
     print(f"\n[mixed] {elapsed_s:.1f} s; killed {victim_name} with {sorted(on_victim)} on it (spec resumed "
           f"{min(resumed, default=float('nan')):.2f} s after the kill); failovers: "
           f"{ {j.name: len(j.record.failovers) for j in jobs if j.record.failovers} }; migration "
-          f"{mig.extra['source']} -> {mig.extra['target']} ({rec.position} tokens, {rec.seconds * 1000:.0f} ms); "
+          f"{mig.extra['source']} -> {mig.extra['target']} ({rec.position} tokens, {rec.seconds * 1000:.0f} ms, "
+          f"{sorted(mig.extra['alongside'])} running); "
           f"spec kept {stats.accepted}/{stats.drafted} drafts in {stats.steps} steps; largest batch per server "
           f"{largest}; batches of >= 2 sessions with a multi-token step: {mixed}")
