@@ -23,12 +23,19 @@ Every session's output must equal local transformers' greedy decoding token for 
 show steps of several sessions run as one batch; the orchestrator must mark the victim dead, never over-commit a
 chain and end with every slot free.
 
-What is not mixed, and why: the migration and the kill are sequential (the kill waits for the migration to finish),
-not simultaneous. A KV migration whose source or target server dies midway is a different contract (the
-migration fails and the session stays on its old chain, tests/live/test_migration*.py; a move onto a dead chain
-is then a failover), and racing the two would make which path runs a matter of timing, so the test could not say
-what it checks. Both still overlap with the greedy sessions joining and leaving, and the kill hits the speculative
-session mid-generation.
+Model: the tiny LLaMA everywhere, although test_batching.py and test_speculative.py use SmolLM2-135M: one swarm
+must serve all four features, failover and KV migration are tested on the tiny model, and five SmolLM2 servers on
+two cores would start in minutes, not seconds. The batched step is the same code for both (LLaMA blocks). The
+drafts come from the reference output (a seeded number right, then one wrong) rather than prompt lookup, which on
+a random model's text would rarely be kept: verification and rollback are what is tested, not the drafter.
+
+What is not mixed, and why: the migration and the kill are sequential (the kill waits until the migration is done
+and the speculative session has written some tokens), not simultaneous. A KV migration whose source or target
+server dies midway is a different contract (the migration fails, the session stays on its old chain,
+tests/live/test_migration*.py; if that chain is the dead one, a failover follows), and racing the two would make
+which path runs a matter of timing, so the test could not say what it checks. Both still run while other
+sessions generate on the same servers (asserted for the migration), and the kill hits the speculative session
+mid-generation. Since ``spec`` opens on the fastest chain with a free slot, the victim is in practice ``w``.
 """
 
 from __future__ import annotations
