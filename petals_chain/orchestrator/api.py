@@ -427,7 +427,7 @@ async def _report_failure(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await read_body(request, ReportFailureBody)
     lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
-                                      ttl_s=body.ttl_s, reporter=request.remote)
+                                      ttl_s=body.ttl_s)
     if orch.widths is not None:
         orch.widths.carry(request.match_info["lease_id"], lease)
     return _json(orch.lease_json(lease))
