@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from petals_chain import defaults
-from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, float_arg,
-                                   positive_int_arg)
+from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, add_token_option, checked_text, duration_range,
+                                   float_arg, positive_int_arg, token_files, warn_token_flags)
 from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
@@ -59,8 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "'auto' (on a CUDA device 0.7 GiB + one max-length prefill's activations; on a CPU 0); "
                         "M_j = budget - reserve is what blocks + KV cache get")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
-    p.add_argument("--token", default=None, help="the orchestrator's server token (or env PETALS_CHAIN_SERVER_TOKEN, "
-                                                 "else PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
+    add_token_option(p, "--token", "the orchestrator's server token (or env PETALS_CHAIN_SERVER_TOKEN, else "
+                                   "PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
     p.add_argument("--max-length", type=positive_int_arg, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
     p.add_argument("--job-input-tokens", type=positive_int_arg, default=defaults.JOB_INPUT_TOKENS,
@@ -101,7 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         f"larger step still runs, alone; default {defaults.MAX_BATCH_TOKENS}")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
-    return p.parse_args(argv)
+    return token_files(p.parse_args(argv), "--token")
 
 
 def _parse_span(text: str, num_blocks: int) -> tuple[int, int]:
@@ -211,23 +211,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: serve until SIGINT/SIGTERM; one line and exit code 2 on bad input or a refused claim."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_token_flags(args, "--token")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # transformers' deprecation notice about torch's pytree API, printed on import: noise around a one-line error
     warnings.filterwarnings("ignore", message=".*_register_pytree_node", category=FutureWarning)
-    main_pid = os.getpid()
-    built: list[Any] = []  # the server, once registered: SIGTERM drains it first
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        """SIGTERM: the main process has its sessions moved elsewhere (a drain, while it still serves), leaves the
-        orchestrator and stops; a forked child (DHT, handler) just exits."""
-        if os.getpid() != main_pid:
-            os._exit(128 + signum)
-        if built and args.drain_timeout_s > 0:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one drain; a second SIGTERM waits for it
-            built.pop().drain_self(args.drain_timeout_s)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    built: list[Any] = []  # the server, once registered: SIGTERM/SIGINT drain it first
+    install_stop_signals(built, args.drain_timeout_s)
     from petals_chain.protocol.http_client import OrchestratorError, OrchestratorUnreachableError
     from petals_chain.server.petals_server import ClaimRefusedError, RegistrationError
 
@@ -256,6 +245,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         reap_children()
     return code
+
+
+def install_stop_signals(built: list[Any], drain_timeout_s: float) -> None:
+    """SIGTERM and SIGINT (Ctrl-C) both stop the server gracefully: the main process has its sessions moved elsewhere
+    (a drain, while it still serves, at most ``drain_timeout_s``), leaves the orchestrator and exits with code 0.
+
+    A second SIGINT cuts the drain short and the server leaves at once (still cleanly); a second SIGTERM waits for
+    the drain, as before. A forked child (DHT, connection handler) exits on SIGTERM and ignores SIGINT: Ctrl-C reaches
+    the whole process group, and the main process stops its children itself once it has drained. The handlers are
+    installed whatever the process inherited: a server started from a script's background job (where SIGINT starts
+    out ignored) still stops on SIGINT.
+    """
+    main_pid = os.getpid()
+    stopping: list[int] = []  # the signals received so far (main process)
+
+    def on_stop(signum: int, frame: Any) -> None:
+        """Drain (first signal), then stop by KeyboardInterrupt, which main() turns into a clean shutdown."""
+        if os.getpid() != main_pid:
+            if signum == signal.SIGINT:
+                return  # the main process drains, then ends its children
+            os._exit(128 + signum)
+        if stopping:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the drain, leave now
+            return  # a second SIGTERM waits for the drain
+        stopping.append(signum)
+        if built and drain_timeout_s > 0:
+            built.pop().drain_self(drain_timeout_s)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
 
 
 def _quiet_shutdown(server: Any, reason: str) -> None:
@@ -289,5 +310,18 @@ def reap_children(timeout_s: float = 5.0) -> int:
     return len(children)
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once main() has shut everything down (left the orchestrator, stopped PETALS'
+    server, ended every child), without the interpreter's teardown: native library threads still running then (the
+    p2p and torch machinery) may throw from static destructors (``terminate called after throwing an instance of
+    'std::system_error'``), which turns a clean exit into SIGABRT."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
