@@ -353,6 +353,26 @@ def test_metrics_can_be_left_open_and_the_shared_token_grants_every_role() -> No
     run(body())
 
 
+def test_a_server_drains_itself_with_its_own_secret_under_role_credentials() -> None:
+    """What a server does on SIGTERM/SIGINT: its client holds the server token only, and the drain goes out with the
+    server's secret (with the server token it was a 403, so no server could drain itself under role credentials)."""
+
+    async def body() -> None:
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER)
+        async with serving(orch) as url, OrchestratorClient(url, token="s-tok") as oc:
+            await oc.register("a", memory_bytes=8 * GB, tau_p_s=0.1, tau_c_s=0.01, peer_id="Pa")
+            status = await oc.drain("a", wait_s=5, timeout_s=5)
+            assert status["server"] == "a" and status["left"], status
+            assert not orch.registry.servers["a"].alive
+        async with serving(orch) as url, OrchestratorClient(url, token="s-tok") as stranger:
+            with pytest.raises(OrchestratorError) as err:  # the server token alone drains nobody
+                await stranger.drain("a")
+            assert err.value.status == 403
+
+    run(body())
+
+
 def test_credentials_resolve_from_options_then_role_variables_then_the_shared_token() -> None:
     """A role's own option wins, then its own variable, then --token / $PETALS_CHAIN_ORCH_TOKEN."""
     env = {"PETALS_CHAIN_ORCH_TOKEN": "shared", "PETALS_CHAIN_SERVER_TOKEN": "srv"}
