@@ -291,7 +291,7 @@ class Guard:
             return Caller(frozenset(open_roles))
         roles = self.credentials.roles_of(token)
         server = self.secrets.owner(token)
-        if server is None and server_name is not None and self.secrets.matches(server_name, token):
+        if server is None and not roles and server_name is not None and self.secrets.matches(server_name, token):
             server = server_name
         if not roles and server is None and self.enabled:
             raise UnauthorizedError("unknown bearer token")

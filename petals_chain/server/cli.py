@@ -184,6 +184,7 @@ def build_server(args: argparse.Namespace) -> Any:
 
     import torch
 
+    start_shm_manager()
     torch.set_num_threads(max(1, args.torch_threads))
     workload = Workload(args.job_input_tokens, args.job_output_tokens)
     tau_p_s = args.tau_p_s or measure_tau_p(model_dir, sizes.dtype, args.job_input_tokens, args.job_output_tokens)
@@ -290,12 +291,47 @@ def _quiet_shutdown(server: Any, reason: str) -> None:
     reap_children()
 
 
+SHM_MANAGER = "torch_shm_manager"  # torch's helper process behind hivemind's file_system tensor sharing
+
+
+def _shm_manager(proc: Any) -> bool:
+    """Whether ``proc`` (a psutil.Process) is torch's shared-memory manager."""
+    try:
+        return proc.name() == SHM_MANAGER
+    except Exception:  # gone, or not ours to inspect
+        return False
+
+
+def start_shm_manager() -> None:
+    """Start torch's shared-memory manager now, with SIGINT ignored, so that it inherits SIGINT ignored.
+
+    hivemind shares tensors with torch's ``file_system`` strategy, whose ``torch_shm_manager`` child process must
+    outlive every shared tensor of this process: freeing one after the manager died throws ``std::system_error``
+    (Broken pipe) from a destructor, and the process aborts (SIGABRT, "terminate called after throwing..."). Torch
+    starts the manager lazily, once per process; started here it ignores the Ctrl-C that reaches the whole process
+    group, and :func:`reap_children` leaves it alone (it exits by itself once this process is gone).
+    """
+    import torch
+    import torch.multiprocessing
+
+    strategy = os.environ.get("HIVEMIND_MEMORY_SHARING_STRATEGY", "file_system")  # hivemind's choice (mpfuture)
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    if strategy != "file_system":
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        torch.zeros(1).share_memory_()  # the first shared tensor starts the manager
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def reap_children(timeout_s: float = 5.0) -> int:
     """Terminate (then kill) every process this one started that is still alive, e.g. petals' reachability
-    probe p2pd, which its background thread may not have stopped yet; returns how many there were."""
+    probe p2pd, which its background thread may not have stopped yet; returns how many there were. Torch's
+    shared-memory manager is left to exit by itself (see :func:`start_shm_manager`)."""
     import psutil
 
-    children = [c for c in psutil.Process().children(recursive=True) if c.is_running()]
+    children = [c for c in psutil.Process().children(recursive=True) if c.is_running() and not _shm_manager(c)]
     for c in children:
         try:
             c.terminate()
