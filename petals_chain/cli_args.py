@@ -122,3 +122,59 @@ count_arg = int_arg(ge=0, name="count")
 fraction_arg = float_arg(gt=0.0, le=1.0)  # a utilisation such as ρ̄
 positive_float_arg = float_arg(gt=0.0)
 
+
+
+# ---- credentials ---------------------------------------------------------------------------------------------
+
+TOKEN_FLAG_WARNING = ("%s given on the command line: every local user can read it (ps, /proc/PID/cmdline); give it "
+                      "in a file (%s) or an environment variable instead")
+_warned_token_flags = False  # the warning is logged once per process
+
+
+def _read_token_file(path: str) -> str:
+    """The token in ``path``: its first line without surrounding whitespace; UnitError (argparse's one-line error
+    naming the option) when the file cannot be read or holds no token."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnitError(f"cannot read the token file {path!r}: {exc}") from None
+    if not token:
+        raise UnitError(f"the token file {path!r} is empty (its first line is the token)")
+    return token
+
+
+def add_token_option(parser: Any, flag: str, help: str) -> None:
+    """``flag`` (e.g. ``--token``) and ``flag-file``: a bearer token on the command line, or the first line of a file
+    (which, unlike the command line, other local users cannot read); at most one of the two."""
+    dest = flag.lstrip("-").replace("-", "_")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(flag, dest=dest, default=None, metavar="TOKEN",
+                       help=f"{help}. Visible to every local user (ps): prefer {flag}-file or the variable")
+    group.add_argument(flag + "-file", dest=dest + "_file", default=None, metavar="FILE",
+                       type=_argtype(_read_token_file, "token file"),
+                       help=f"read {flag} from the first line of FILE (keep it private: chmod 600)")
+
+
+def token_files(args: argparse.Namespace, *flags: str) -> argparse.Namespace:
+    """Fill each token option from its ``-file`` twin (parse_args calls it: the rest of the program sees one value)."""
+    for flag in flags:
+        dest = flag.lstrip("-").replace("-", "_")
+        if getattr(args, dest + "_file", None) is not None:
+            setattr(args, dest, getattr(args, dest + "_file"))
+    return args
+
+
+def warn_token_flags(args: argparse.Namespace, *flags: str, log: Any = None) -> list[str]:
+    """Log one warning (once per process) naming the token options given on the command line itself, where other
+    local users can read them; return those options. Call it once logging is configured."""
+    global _warned_token_flags
+    given = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_"), None) is not None
+             and getattr(args, f.lstrip("-").replace("-", "_") + "_file", None) is None]
+    if given and not _warned_token_flags:
+        import logging
+
+        _warned_token_flags = True
+        (log or logging.getLogger(__name__)).warning(TOKEN_FLAG_WARNING, "/".join(given),
+                                                     "/".join(f + "-file" for f in given))
+    return given

@@ -33,6 +33,7 @@ RECOMPOSE_ABS_TOL_S = 1e-3
 DHT_JOIN_ATTEMPTS = 4  # a client joining a busy swarm retries a DHT bootstrap that no initial peer answered
 CALL_TIMEOUT_S = 30.0  # one request/reply to the orchestrator (register, heartbeat, health, release, ...)
 UNREACHABLE_WAIT_S = 120.0  # a client retries an unreachable orchestrator (a restart) this long before giving up
+BACKGROUND_WAIT_S = 5.0  # closing an orchestrator client waits this long for its background calls (lease releases)
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0  # its exponential backoff: the first pause, doubling up to this one
 
 # ---- what a server's process needs beyond blocks + cache (measured on an H100: results/gpu/README.md) ----

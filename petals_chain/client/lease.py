@@ -4,6 +4,7 @@ lease (LeaseKeeper)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import math
@@ -63,7 +64,8 @@ class LeaseOptions:
 
 
 class LeaseKeeper:
-    """Holds one lease: renews it every ttl/3 on the orchestrator loop, releases it exactly once."""
+    """Holds one lease: renews it every ttl/3 on the orchestrator loop, releases it exactly once (in the
+    background: nothing waits for the orchestrator to hear it)."""
 
     def __init__(self, orch: BlockingOrchestrator, info: LeaseInfo, ttl_s: float) -> None:
         self.orch = orch
@@ -73,6 +75,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self.move_to: LeaseInfo | None = None  # a move the orchestrator offered in a renew reply
         self.checked_s = time.monotonic()
+        self.releasing: concurrent.futures.Future | None = None  # the background release, once released
         self._renewer = orch.spawn(self._renew_loop())
 
     def _heard(self, info: LeaseInfo) -> None:
@@ -113,19 +116,30 @@ class LeaseKeeper:
                 log.warning("renewing lease %s failed: %s", self.info.lease_id, exc)
 
     def release(self) -> None:
-        """Stop renewing and give the slot back (idempotent; an expired lease is not an error)."""
+        """Stop renewing and give the slot back (idempotent); returns at once. The release is sent in the background
+        on the orchestrator loop (:meth:`_release`): a session's close, and so the user's ``generate()``, never waits
+        for an orchestrator that cannot be reached; if the release never arrives, the lease's TTL frees the slot."""
         with self._lock:
             if self._released:
                 return
             self._released = True
         self._renewer.cancel()
-
         try:
-            self.orch.run(lambda c: c.release(self.info.lease_id),  # retried while the orchestrator restarts
-                          timeout_s=defaults.CALL_TIMEOUT_S + defaults.UNREACHABLE_WAIT_S)
+            self.releasing = self.orch.background(self._release())
+        except RuntimeError as exc:  # the orchestrator client is closed already: the TTL frees the slot
+            log.warning("releasing lease %s: %s; it will expire after %g s", self.info.lease_id, exc, self.ttl_s)
+
+    async def _release(self) -> None:
+        """POST the release, retried with exponential backoff while the orchestrator cannot be reached (a restart),
+        for at most the client's unreachable_wait_s (the client's own retry); an expired lease is not an error."""
+        try:
+            client = await self.orch._get_client()
+            await client.release(self.info.lease_id)
         except OrchestratorError as exc:
             if exc.status != 404:  # 404: expired or already released
                 log.warning("releasing lease %s: %s", self.info.lease_id, exc.message)
-        except Exception as exc:  # unreachable: the lease expires after its TTL
+        except Exception as exc:  # unreachable for too long (or the client closed): the lease expires after its TTL
             log.warning("releasing lease %s failed (%s); it will expire after %g s", self.info.lease_id, exc,
                         self.ttl_s)
+        else:
+            log.debug("lease %s released", self.info.lease_id)

@@ -28,6 +28,7 @@ lease/server, 409 block claim not given or peer id held by another server, 410 h
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import ssl
@@ -144,6 +145,17 @@ OPEN_PATHS = OPEN_ROUTES  # probes of orchestration tools and the live page's HT
 CALLER_KEY = web.RequestKey("caller", Caller)  # the request's Caller, set by the auth middleware
 
 
+async def _named_server(request: web.Request) -> str | None:
+    """The ``name`` a request body speaks for, if it has one (read before the handler validates the body: aiohttp
+    keeps the bytes for it); None for a body that is not a JSON object with a string name."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    name = body.get("name") if isinstance(body, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def _auth_middleware(guard: Guard) -> Callable:
     """Check every request against the roles' policy (:mod:`petals_chain.orchestrator.auth`) before its handler."""
 
@@ -153,8 +165,9 @@ def _auth_middleware(guard: Guard) -> Callable:
             return await handler(request)
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else request.path
-        if route == "/servers/heartbeat" and guard.enabled:  # the name is in the body: the handler checks it
-            caller = guard.caller(request)
+        if route == "/servers/heartbeat" and guard.enabled:  # the name is in the body: the handler checks it too
+            named = await _named_server(request) if "Authorization" in request.headers else None
+            caller = guard.caller(request, named)
             if caller.server is None:
                 raise (UnauthorizedError if not caller.roles else ForbiddenError)(
                     "a heartbeat needs the server's own secret (issued when it registered)")
@@ -293,11 +306,10 @@ async def _evict(request: web.Request) -> web.Response:
     body = await read_body(request, CordonBody, required=False)
     rec = orch.registry.get(check_name(request.match_info["name"]))
     if body.resume:
-        guard.banned.pop(rec.name, None)
+        guard.unban(rec.name)
         log.warning("server %r may register again (the operator lifted its eviction)", rec.name)
     else:
-        guard.secrets.revoke(rec.name)
-        guard.banned[rec.name] = body.reason
+        guard.ban(rec.name, body.reason)
         await orch.server_failed(rec.name, f"evicted by the operator: {body.reason}")
         log.warning("server %r evicted by the operator: %s", rec.name, body.reason)
     reply = _server_reply(orch, rec)
@@ -427,7 +439,7 @@ async def _report_failure(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await read_body(request, ReportFailureBody)
     lease = await orch.report_failure(request.match_info["lease_id"], body.server, timeout_s=body.timeout_s,
-                                      ttl_s=body.ttl_s, reporter=request.remote)
+                                      ttl_s=body.ttl_s)
     if orch.widths is not None:
         orch.widths.carry(request.match_info["lease_id"], lease)
     return _json(orch.lease_json(lease))
@@ -442,6 +454,8 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
     elif token is not None:
         raise ValueError("give token (one for every role) or credentials, not both")
     guard = Guard(credentials)
+    if orch.state is not None:  # --state-dir: secrets (salted hashes) and evictions outlive a restart
+        orch.state.keep_guard(guard)
     app = web.Application(middlewares=[_error_middleware(orch), _auth_middleware(guard),
                                        _durable_middleware(orch)],
                           client_max_size=MAX_BODY_BYTES)

@@ -6,6 +6,10 @@ that registers gets its own secret in the reply; its heartbeats, its departure a
 only with that secret, so no other caller (not even one holding the server credential) can speak for it. With no
 credential configured at all the API is open (the loopback default) and no secret is checked. A role left without a
 credential while others have one is open to anyone. docs/trust.md, "Roles".
+
+Secrets outlive a restart: with ``--state-dir`` each one is kept there as a salted hash (PBKDF2-SHA256, a random salt
+per secret, :func:`hash_secret`), so a restored server name answers only to the secret issued to it before the
+restart, and evictions are kept the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from aiohttp import web
 
@@ -81,34 +86,109 @@ def _same(expected: str | None, given: str) -> bool:
 
 
 def _digest(secret: str) -> bytes:
-    """What the orchestrator keeps of a server secret: its SHA-256 (a memory dump does not reveal it)."""
+    """The in-memory fingerprint of a server secret known this run: its SHA-256 (a memory dump does not reveal it)."""
     return hashlib.sha256(secret.encode()).digest()
 
 
-class ServerSecrets:
-    """One secret per registered server name, issued at registration; only digests are kept."""
+KDF = "pbkdf2_sha256"
+KDF_ITERATIONS = 20_000  # secrets are 256 random bits: the salt and stretch are defence in depth, not what makes
+# them unguessable, so the work stays small (~10 ms) for the few checks that need it (see ServerSecrets.matches)
+SALT_BYTES = 16
+REFUSED_REMEMBERED = 64  # wrong secrets remembered per not-yet-proven name (each costs one hash computation once)
 
-    def __init__(self, new_secret: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> None:
-        self._digests: dict[str, bytes] = {}
+
+def hash_secret(secret: str, *, salt: bytes | None = None, iterations: int = KDF_ITERATIONS) -> str:
+    """The stored form of a server secret: ``pbkdf2_sha256$ITERATIONS$SALT$HASH`` (hex), with a fresh random salt."""
+    salt = os.urandom(SALT_BYTES) if salt is None else salt
+    derived = hashlib.pbkdf2_hmac("sha256", secret.encode(), salt, iterations)
+    return f"{KDF}${iterations}${salt.hex()}${derived.hex()}"
+
+
+def verify_secret(secret: str, stored: str) -> bool:
+    """Whether ``secret`` is the one :func:`hash_secret` stored as ``stored`` (constant-time comparison); a stored
+    form this version does not read matches nothing."""
+    try:
+        kdf, iterations, salt, want = stored.split("$")
+        if kdf != KDF:
+            return False
+        derived = hashlib.pbkdf2_hmac("sha256", secret.encode(), bytes.fromhex(salt), int(iterations))
+        return hmac.compare_digest(derived, bytes.fromhex(want))
+    except ValueError:
+        return False
+
+
+class SecretJournal(Protocol):
+    """Where issued secrets (as salted hashes) and evictions are kept across a restart (--state-dir)."""
+
+    def secret_stored(self, name: str, hashed: str) -> None:
+        """``name`` holds a new secret, stored as ``hashed``."""
+
+    def secret_revoked(self, name: str) -> None:
+        """``name`` holds no secret any more."""
+
+    def ban_changed(self, name: str, reason: str | None) -> None:
+        """``name`` was evicted (``reason``) or its eviction lifted (None)."""
+
+
+class ServerSecrets:
+    """One secret per registered server name, issued at registration; only hashes are kept.
+
+    Each secret's salted hash (:func:`hash_secret`) is what a restart restores; the secrets issued or proved during
+    this run are also known by their SHA-256, which answers every later check at once. A name restored from the
+    state directory is proved by the first request that carries its secret (one salted hash computed); a wrong
+    secret for it costs that computation once, then it is remembered as wrong.
+    """
+
+    def __init__(self, new_secret: Callable[[], str] = lambda: secrets.token_urlsafe(32),
+                 journal: SecretJournal | None = None) -> None:
+        self._digests: dict[str, bytes] = {}  # name → SHA-256 of its secret (issued or proved this run)
+        self._stored: dict[str, str] = {}  # name → salted hash of its secret (every name that holds one)
+        self._refused: dict[str, set[bytes]] = {}  # not-yet-proven name → SHA-256s of secrets found wrong
         self._new = new_secret
+        self.journal = journal
+
+    def restore(self, stored: Mapping[str, str]) -> None:
+        """Take the salted hashes kept before a restart (name → :func:`hash_secret` form)."""
+        for name, hashed in stored.items():
+            self._stored[name] = hashed
+            self._digests.pop(name, None)
 
     def issue(self, name: str) -> str:
         """A fresh secret for ``name`` (replacing any older one)."""
         secret = self._new()
         self._digests[name] = _digest(secret)
+        self._stored[name] = hashed = hash_secret(secret)
+        self._refused.pop(name, None)
+        if self.journal is not None:
+            self.journal.secret_stored(name, hashed)
         return secret
 
     def has(self, name: str) -> bool:
         """Whether ``name`` holds a secret now."""
-        return name in self._digests
+        return name in self._stored
 
     def matches(self, name: str, secret: str | None) -> bool:
         """Whether ``secret`` is the one issued to ``name``."""
+        if secret is None or name not in self._stored:
+            return False
+        d = _digest(secret)
         want = self._digests.get(name)
-        return want is not None and secret is not None and hmac.compare_digest(want, _digest(secret))
+        if want is not None:
+            return hmac.compare_digest(want, d)
+        refused = self._refused.setdefault(name, set())
+        if d in refused:
+            return False
+        if verify_secret(secret, self._stored[name]):  # a restored name, proved now
+            self._digests[name] = d
+            self._refused.pop(name, None)
+            return True
+        if len(refused) >= REFUSED_REMEMBERED:
+            refused.pop()
+        refused.add(d)
+        return False
 
     def owner(self, secret: str) -> str | None:
-        """The server whose secret this is (None: nobody's)."""
+        """The server whose secret this is, among those issued or proved this run (None: nobody's known)."""
         d = _digest(secret)
         for name, want in self._digests.items():
             if hmac.compare_digest(want, d):
@@ -118,6 +198,9 @@ class ServerSecrets:
     def revoke(self, name: str) -> None:
         """Forget ``name``'s secret (an evicted server can no longer speak for itself)."""
         self._digests.pop(name, None)
+        self._refused.pop(name, None)
+        if self._stored.pop(name, None) is not None and self.journal is not None:
+            self.journal.secret_revoked(name)
 
 
 @dataclass(frozen=True)
@@ -172,14 +255,35 @@ class Guard:
         self.credentials = credentials or Credentials()
         self.secrets = ServerSecrets()
         self.banned: dict[str, str] = {}  # server name → why the operator evicted it (it may not register)
+        self.journal: SecretJournal | None = None
+
+    def keep(self, journal: SecretJournal, secrets: Mapping[str, str], banned: Mapping[str, str]) -> None:
+        """Restore what ``journal`` kept before a restart (salted secret hashes, evictions) and write every change
+        to it from now on."""
+        self.secrets.restore(secrets)
+        self.banned.update(banned)
+        self.secrets.journal = self.journal = journal
+
+    def ban(self, name: str, reason: str) -> None:
+        """The operator evicted ``name``: its secret is revoked and it may not register until :meth:`unban`."""
+        self.secrets.revoke(name)
+        self.banned[name] = reason
+        if self.journal is not None:
+            self.journal.ban_changed(name, reason)
+
+    def unban(self, name: str) -> None:
+        """The operator lifted ``name``'s eviction."""
+        if self.banned.pop(name, None) is not None and self.journal is not None:
+            self.journal.ban_changed(name, None)
 
     @property
     def enabled(self) -> bool:
         """Whether anything is checked at all."""
         return self.credentials.enabled
 
-    def caller(self, request: web.Request) -> Caller:
-        """The caller's roles from its bearer token (a role without a credential is everyone's)."""
+    def caller(self, request: web.Request, server_name: str | None = None) -> Caller:
+        """The caller's roles from its bearer token (a role without a credential is everyone's), and the server it
+        proved to be: any known this run, or ``server_name`` (the server the request speaks for) by its secret."""
         open_roles = {r for r in Role if getattr(self.credentials, r.value) is None}
         header = request.headers.get("Authorization", "")
         token = header[len("Bearer "):] if header.startswith("Bearer ") else None
@@ -187,6 +291,8 @@ class Guard:
             return Caller(frozenset(open_roles))
         roles = self.credentials.roles_of(token)
         server = self.secrets.owner(token)
+        if server is None and not roles and server_name is not None and self.secrets.matches(server_name, token):
+            server = server_name
         if not roles and server is None and self.enabled:
             raise UnauthorizedError("unknown bearer token")
         return Caller(frozenset(roles | open_roles), server)
@@ -200,7 +306,7 @@ class Guard:
             return Caller(frozenset(Role))
         if route == "/metrics" and self.credentials.metrics_open:
             return Caller(frozenset())
-        caller = self.caller(request)
+        caller = self.caller(request, server_name)
         allowed = POLICY.get((request.method, route))
         if allowed is None:  # a route without a policy: the operator's
             allowed = (Role.OPERATOR,)

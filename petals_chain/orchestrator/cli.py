@@ -29,12 +29,15 @@ from petals_chain.checkpoint.quant import QUANT_TYPES
 from petals_chain.checkpoint.sizing import DTYPE_CHOICES
 from petals_chain.cli_args import (
     OneLineParser,
+    add_token_option,
     count_arg,
     duration_range,
     fraction_arg,
     port_arg,
     positive_float_arg,
     positive_int_arg,
+    token_files,
+    warn_token_flags,
     size_range,
 )
 from petals_chain.compose.method_table import Method, Routing, live_method, method_names
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
 TOKEN_ENV = SHARED_ENV
 LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
                                                               Routing.WS_RR: WsRrLeaseManager}
+TOKEN_FLAGS = ("--token", "--client-token", "--server-token", "--operator-token")  # each with its -file twin
 STATE_DB_FILE = "state.sqlite3"  # in --state-dir
 DHT_IDENTITY_FILE = "dht_identity.key"  # in --state-dir: the DHT node's private key, so its peer id stays
 BYTES_RTOL = 1e-6  # --block-bytes/--cache-bytes vs a cluster file's GB figures, which are rounded
@@ -104,14 +108,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s = p.add_argument_group("service")
     s.add_argument("--host", default="127.0.0.1", help="listen address (default loopback)")
     s.add_argument("--port", type=port_arg, default=defaults.ORCHESTRATOR_PORT, help="listen port (0 picks a free one)")
-    s.add_argument("--token", default=None,
-                   help=f"one bearer token for every role (or env {TOKEN_ENV}): shorthand for the three below; "
-                        "a role's own option or variable wins over it. /health and /ready stay open")
-    s.add_argument("--client-token", default=None, help=f"clients' token: leases (or env {ROLE_ENV['client']})")
-    s.add_argument("--server-token", default=None,
-                   help=f"servers' token: joining; each server then gets its own secret (or env {ROLE_ENV['server']})")
-    s.add_argument("--operator-token", default=None,
-                   help=f"operator's token: evict, drain, /metrics (or env {ROLE_ENV['operator']})")
+    add_token_option(s, "--token", f"one bearer token for every role (or env {TOKEN_ENV}): shorthand for the three "
+                                   "below; a role's own option or variable wins over it. /health and /ready stay open")
+    add_token_option(s, "--client-token", f"clients' token: leases (or env {ROLE_ENV['client']})")
+    add_token_option(s, "--server-token",
+                     f"servers' token: joining; each server then gets its own secret (or env {ROLE_ENV['server']})")
+    add_token_option(s, "--operator-token", f"operator's token: evict, drain, /metrics (or env {ROLE_ENV['operator']})")
     s.add_argument("--metrics-open", action="store_true", help="serve /metrics to anyone (default: operator only)")
     s.add_argument("--tls-cert", default=None, help="PEM certificate (chain): serve the API over HTTPS")
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -164,7 +166,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="where this DHT node listens (default: loopback, a free port)")
     d.add_argument("--dht-prefix", default=None, help="PETALS DHT prefix of the model (default: the model name)")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    return token_files(p.parse_args(argv), *TOKEN_FLAGS)
 
 
 def exact_sizes(args: argparse.Namespace, model: ModelSpec) -> ModelSpec:
@@ -443,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: run until SIGINT/SIGTERM; one line and exit code 2 on bad input."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_token_flags(args, *TOKEN_FLAGS)
     return run_service(_run(args))
 
 

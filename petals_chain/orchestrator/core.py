@@ -27,6 +27,7 @@ from petals_chain.orchestrator.leases import Lease, LeaseManager
 from petals_chain.orchestrator.metrics import new_metrics_registry
 from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.registry import Registry, ServerRecord
+from petals_chain.orchestrator.suspects import reporter_of
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.limits import DRAIN_TIMEOUT_S
 from petals_chain.protocol.parsing import BadRequestError
@@ -243,15 +244,16 @@ class Orchestrator:
     # ---- leases ---------------------------------------------------------------------------------
 
     async def report_failure(
-        self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None, reporter: str | None = None
+        self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None
     ) -> Lease:
         """A client's chain broke at ``server``: mark it dead (once the trust layer's probe confirms it), recompose,
-        and lease a replacement chain; the request keeps its place in line (ahead of every request after it)."""
+        and lease a replacement chain; the request keeps its place in line (ahead of every request after it). A false
+        report counts against this request alone (its job), never against a label or an address others share."""
         lease = self.leases.get(lease_id)
         if server not in {s.server for s in lease.chain.spans}:
             on_chain = [s.server for s in lease.chain.spans]
             raise BadRequestError(f"field 'server' = {server!r} is not on lease {lease_id!r}'s chain {on_chain}")
-        if await self.trust.confirm_failure(server, lease.client or reporter or "anonymous"):
+        if await self.trust.confirm_failure(server, reporter_of(lease.job)):
             await self.server_failed(server, f"failure reported by lease {lease_id}")
         if self.leases.has(lease_id):  # it may have expired while we recomposed
             self.leases.release(lease_id, failed=True)

@@ -31,6 +31,7 @@ from petals_chain.orchestrator.store import (
 from petals_chain.protocol.hop import Hop
 
 if TYPE_CHECKING:
+    from petals_chain.orchestrator.auth import Guard
     from petals_chain.orchestrator.core import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,27 @@ class Persistence:
     def ended(self, lease: Lease) -> None:
         """A lease ended."""
         self.store.ended(lease.lease_id)
+
+    # ---- server secrets and evictions (auth.SecretJournal) ----------------------------------------
+
+    def keep_guard(self, guard: Guard) -> None:
+        """Give ``guard`` the secrets (salted hashes) and evictions kept before the restart, and keep its changes."""
+        guard.keep(self, self._loaded.secrets, self._loaded.banned)
+        if self._loaded.secrets or self._loaded.banned:
+            log.warning("restored %d server secrets (salted hashes) and %d evictions from %s",
+                        len(self._loaded.secrets), len(self._loaded.banned), self.store.path)
+
+    def secret_stored(self, name: str, hashed: str) -> None:
+        """A server got a new secret: keep its salted hash."""
+        self.store.put_secret(name, hashed)
+
+    def secret_revoked(self, name: str) -> None:
+        """A server's secret was revoked."""
+        self.store.delete_secret(name)
+
+    def ban_changed(self, name: str, reason: str | None) -> None:
+        """An eviction (or its end)."""
+        self.store.set_banned(name, reason)
 
     # ---- registry -------------------------------------------------------------------------------
 

@@ -22,11 +22,14 @@ import numpy as np
 from petals_chain import defaults
 from petals_chain.cli_args import (
     OneLineParser,
+    add_token_option,
     duration_range,
     fraction_arg,
     port_arg,
     positive_float_arg,
     positive_int_arg,
+    token_files,
+    warn_token_flags,
     size_range,
 )
 from petals_chain.compose.method_table import METHODS
@@ -87,13 +90,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--c", type=positive_int_arg, default=None, help="fixed reserved concurrency c (default: tuned)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=port_arg, default=defaults.ORCHESTRATOR_PORT)
-    p.add_argument("--token", default=None, help=f"shared bearer token (or env {TOKEN_ENV})")
+    add_token_option(p, "--token", f"shared bearer token (or env {TOKEN_ENV})")
     p.add_argument("--lease-ttl-s", type=duration_range(gt=0), default=defaults.LEASE_TTL_S)
     p.add_argument("--heartbeat-timeout-s", type=duration_range(ge=0), default=defaults.HEARTBEAT_TIMEOUT_S)
     p.add_argument("--start-dht", action="store_true", help="start a DHT node that every region's servers join")
     p.add_argument("--dht-host-maddrs", nargs="*", default=["/ip4/127.0.0.1/tcp/0"])
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    return token_files(p.parse_args(argv), "--token")
 
 
 def composition_policy(args: argparse.Namespace) -> CompositionPolicy:
@@ -172,6 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: one line and exit code 2 on bad input."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_token_flags(args, "--token")
     try:
         build(args)  # bad regions, latencies or checkpoints are refused before anything starts
     except (SpecError, ValueError, OSError) as exc:

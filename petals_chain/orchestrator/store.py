@@ -2,8 +2,9 @@
 
 Only what cannot be rebuilt from the swarm is kept: who registered with which budget and times (so the composition
 recomputed after a restart is the same one), every lease granted and not yet ended (so no slot is handed out twice),
-and every request waiting in the central queue with its place in line. Liveness, served spans and lease expiry
-clocks are rebuilt from heartbeats and renewals (docs/orchestrator.md, "Restart").
+every request waiting in the central queue with its place in line, and each server's secret as a salted hash and
+the operator's evictions (so no restart lets another caller take a server's name). Liveness, served spans and
+lease expiry clocks are rebuilt from heartbeats and renewals (docs/orchestrator.md, "Restart").
 
 Each write is one transaction, so a process killed at any point leaves the previous or the next consistent state:
 a grant removes the request from the queue and adds its lease in the same transaction. With a ``sink`` set
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,8 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE TABLE IF NOT EXISTS waiting (
     job INTEGER PRIMARY KEY, request_id TEXT, ttl_s REAL NOT NULL, client TEXT, replaces TEXT,
     arrival_unix_s REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS secrets (name TEXT PRIMARY KEY, hash TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS banned (name TEXT PRIMARY KEY, reason TEXT NOT NULL);
 """
 
 
@@ -98,6 +101,8 @@ class StoredState:
     servers: list[StoredServer]
     leases: list[StoredLease]
     waiting: list[StoredWaiter]
+    secrets: dict[str, str] = field(default_factory=dict)  # server name → its secret's salted hash
+    banned: dict[str, str] = field(default_factory=dict)  # server name → why the operator evicted it
 
 
 def _span(value: str | None) -> tuple[int, int, int] | None:
@@ -191,6 +196,19 @@ class StateStore:
             stmts.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
         self._write(stmts)
 
+    def put_secret(self, name: str, hashed: str) -> None:
+        """Server ``name`` holds a new secret (its salted hash; the secret itself is never stored)."""
+        self._write([("INSERT OR REPLACE INTO secrets (name, hash) VALUES (?, ?)", (name, hashed))])
+
+    def delete_secret(self, name: str) -> None:
+        """Server ``name`` holds no secret any more."""
+        self._write([("DELETE FROM secrets WHERE name = ?", (name,))])
+
+    def set_banned(self, name: str, reason: str | None) -> None:
+        """The operator evicted ``name`` (``reason``), or lifted its eviction (None)."""
+        self._write([("DELETE FROM banned WHERE name = ?", (name,))] if reason is None else
+                    [("INSERT OR REPLACE INTO banned (name, reason) VALUES (?, ?)", (name, reason))])
+
     def queued(self, w: StoredWaiter, next_job: int) -> None:
         """A request entered the queue (or went back to it after a failure, keeping its job)."""
         self._write([
@@ -248,4 +266,6 @@ class StateStore:
             for r in db.execute("SELECT job, request_id, ttl_s, client, replaces, arrival_unix_s FROM waiting "
                                 "ORDER BY job")
         ]
-        return StoredState(meta, servers, leases, waiting)
+        secrets = dict(db.execute("SELECT name, hash FROM secrets").fetchall())
+        banned = dict(db.execute("SELECT name, reason FROM banned").fetchall())
+        return StoredState(meta, servers, leases, waiting, secrets, banned)

@@ -1,8 +1,11 @@
-"""Failure reports make a server suspect, not dead; a client whose reports keep proving false is slowed down.
+"""Failure reports make a server suspect, not dead; a lease whose reports keep proving false is slowed down.
 
 :class:`FalseReportLimiter` counts, per reporter, the reports the orchestrator's own check found false within a
-sliding window; past the limit the reporter's next reports are refused (HTTP 429) until the oldest false one leaves
-the window. docs/trust.md, "Failure reports".
+sliding window; past the limit the reporter's next *false* report is refused (HTTP 429) until the oldest false one
+leaves the window. A reporter is one request's line of leases (its job: a replacement lease keeps it), never a label
+or an address, which callers can share or forge: only the holder of a lease id can report under it, so one client's
+false reports never cost another client its failover. A report the check confirms is never refused.
+docs/trust.md, "Failure reports".
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ MAX_FALSE_REPORTS = 3  # false failure reports one reporter may make per window 
 FALSE_REPORT_WINDOW_S = 60.0
 
 
+def reporter_of(job: int) -> str:
+    """Whom a failure report counts against: the request (job) whose lease reported it. The lease id is known only to
+    its holder, and a replacement lease keeps the job, so the count follows one client's request and nobody else's."""
+    return f"job {job}"
+
+
 class RateLimitedError(RuntimeError):
     """A reporter made too many false failure reports recently (HTTP 429); ``retry_after_s`` says when to retry."""
 
@@ -26,7 +35,7 @@ class RateLimitedError(RuntimeError):
 
 
 class FalseReportLimiter:
-    """Sliding-window count of false failure reports per reporter (a client label or an address)."""
+    """Sliding-window count of false failure reports per reporter (a lease's job, see :func:`reporter_of`)."""
 
     def __init__(self, clock: Callable[[], float], *, max_false: int = MAX_FALSE_REPORTS,
                  window_s: float = FALSE_REPORT_WINDOW_S) -> None:
@@ -49,7 +58,8 @@ class FalseReportLimiter:
         return times
 
     def check(self, reporter: str) -> None:
-        """RateLimitedError if ``reporter`` already made max_false false reports within the window."""
+        """RateLimitedError if ``reporter`` already made max_false false reports within the window (called only once
+        the check found its report false: a confirmed report is never refused)."""
         times = self._recent(reporter)
         if len(times) >= self.max_false:
             retry = times[0] + self.window_s - self.clock()

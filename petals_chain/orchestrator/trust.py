@@ -4,7 +4,7 @@ With a :class:`~petals_chain.orchestrator.verify.PeerVerifier` (the orchestrator
 is not taken on the server's word: the server is held out of the composition until its peer id answers in the DHT,
 and a chain through it is offered only once the DHT shows the peer announcing the span it was given and the peer
 answers for it directly. A failure report makes a server *suspect*: the orchestrator probes it and marks it dead only
-if the probe fails; a false report changes nothing and counts against its reporter (:mod:`.suspects`). The
+if the probe fails; a false report changes nothing and counts against the reporting lease (:mod:`.suspects`). The
 operator's cordon withdraws a server's chains from new leases. docs/trust.md.
 """
 
@@ -165,12 +165,13 @@ class Trust:
     async def confirm_failure(self, name: str, reporter: str) -> bool:
         """A report that ``name`` failed: probe it; True if it is really down (then the caller buries it).
 
-        Without a verifier the report is believed (nothing to check with). Reports about one server share one probe;
-        a reporter whose reports keep proving false is refused first (RateLimitedError, HTTP 429).
+        Without a verifier the report is believed (nothing to check with). Reports about one server share one probe.
+        The probe always runs, so a report it confirms is never refused; a report it finds false counts against
+        ``reporter`` (:func:`~petals_chain.orchestrator.suspects.reporter_of`: the reporting lease's job), and one
+        past that reporter's limit is refused (RateLimitedError, HTTP 429). Nobody else's reports are affected.
         """
         if self.verifier is None:
             return True
-        self.limiter.check(reporter)
         rec = self.orch.registry.get(name)
         if not rec.alive:
             return True
@@ -182,8 +183,9 @@ class Trust:
         down = await asyncio.shield(task)
         if not down:
             self.false_reports += 1
+            self.limiter.check(reporter)  # past the limit: this false report is refused (it changed nothing)
             count = self.limiter.record_false(reporter)
-            log.warning("false failure report by %r: server %r answers (%d false reports by it within %g s)",
+            log.warning("false failure report by %s: server %r answers (%d false reports by it within %g s)",
                         reporter, name, count, self.limiter.window_s)
         return down
 

@@ -40,6 +40,7 @@ class BlockingOrchestrator:
         self._thread.start()
         self._client: OrchestratorClient | None = None
         self._closed = False
+        self._background: set[concurrent.futures.Future] = set()  # fire-and-forget calls still running
 
     async def _get_client(self) -> OrchestratorClient:
         """The loop's client (created on the loop, so that aiohttp binds to it)."""
@@ -79,11 +80,30 @@ class BlockingOrchestrator:
         """Run a coroutine (e.g. a renewal loop) on the loop in the background."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def close(self) -> None:
-        """Close the HTTP session and stop the loop thread."""
+    def background(self, coro: Awaitable[Any]) -> concurrent.futures.Future:
+        """Run a call nobody waits for (a lease release) on the loop; :meth:`close` gives it a moment to finish.
+        RuntimeError once closed."""
+        if self._closed or not self._thread.is_alive():
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()  # never awaited: no "coroutine was never awaited" warning
+            raise RuntimeError(f"BlockingOrchestrator({self.url}) is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        self._background.add(fut)
+        fut.add_done_callback(self._background.discard)
+        return fut
+
+    def close(self, background_wait_s: float = defaults.BACKGROUND_WAIT_S) -> None:
+        """Give background calls (lease releases) at most ``background_wait_s`` to finish, then close the HTTP session
+        and stop the loop thread (what is left is cancelled: an unsent release's lease expires after its TTL)."""
         if self._closed:
             return
         self._closed = True
+        pending = list(self._background)
+        if pending:
+            concurrent.futures.wait(pending, timeout=background_wait_s)
+            for fut in pending:
+                fut.cancel()
 
         async def shutdown() -> None:
             """Close the aiohttp session on its own loop."""

@@ -240,11 +240,14 @@ class OrchestratorClient:
         return await self._call("POST", f"/servers/{name}/leave", {"reason": reason}, headers=self._as_server(name))
 
     async def drain(self, name: str, *, wait_s: float = 0.0, timeout_s: float | None = None) -> dict[str, Any]:
-        """Move every session off server ``name``, then it leaves; waits at most wait_s for that to end."""
+        """Move every session off server ``name``, then it leaves; waits at most wait_s for that to end. Sent with
+        ``name``'s own secret when this client registered it (a server draining itself, which holds no operator
+        token), else with this client's token (the operator's)."""
         body: dict[str, Any] = {"wait_s": float(wait_s)}
         if timeout_s is not None:
             body["timeout_s"] = float(timeout_s)
-        return await self._call("POST", f"/servers/{name}/drain", body, wait_s + self.request_timeout_s)
+        return await self._call("POST", f"/servers/{name}/drain", body, wait_s + self.request_timeout_s,
+                                headers=self._as_server(name))
 
     async def assignment(self, name: str) -> AssignmentInfo | None:
         """The blocks the orchestrator wants ``name`` to hold."""

@@ -1,7 +1,5 @@
 """``python -m petals_chain.server``: see :mod:`petals_chain.server.cli`."""
 
-import sys
+from petals_chain.server.cli import exit_now, main
 
-from petals_chain.server.cli import main
-
-sys.exit(main())
+exit_now(main())

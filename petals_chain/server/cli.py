@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from petals_chain import defaults
-from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, checked_text, duration_range, float_arg,
-                                   positive_int_arg)
+from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, add_token_option, checked_text, duration_range,
+                                   float_arg, positive_int_arg, token_files, warn_token_flags)
 from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
@@ -59,8 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "'auto' (on a CUDA device 0.7 GiB + one max-length prefill's activations; on a CPU 0); "
                         "M_j = budget - reserve is what blocks + KV cache get")
     p.add_argument("--name", default=None, help="server name at the orchestrator (default: host-pid)")
-    p.add_argument("--token", default=None, help="the orchestrator's server token (or env PETALS_CHAIN_SERVER_TOKEN, "
-                                                 "else PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
+    add_token_option(p, "--token", "the orchestrator's server token (or env PETALS_CHAIN_SERVER_TOKEN, else "
+                                   "PETALS_CHAIN_ORCH_TOKEN); the server then uses its own secret")
     p.add_argument("--max-length", type=positive_int_arg, default=defaults.MAX_LENGTH,
                    help="tokens per job the cache is sized for (s_c); must match the orchestrator's model")
     p.add_argument("--job-input-tokens", type=positive_int_arg, default=defaults.JOB_INPUT_TOKENS,
@@ -104,7 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "to this CSV: the server's own step times, as the profiler reads them for tau_p(b)")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
-    return p.parse_args(argv)
+    return token_files(p.parse_args(argv), "--token")
 
 
 def _parse_span(text: str, num_blocks: int) -> tuple[int, int]:
@@ -188,6 +188,7 @@ def build_server(args: argparse.Namespace) -> Any:
 
     import torch
 
+    start_shm_manager()
     torch.set_num_threads(max(1, args.torch_threads))
     workload = Workload(args.job_input_tokens, args.job_output_tokens)
     tau_p_s = args.tau_p_s or measure_tau_p(model_dir, sizes.dtype, args.job_input_tokens, args.job_output_tokens)
@@ -215,23 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: serve until SIGINT/SIGTERM; one line and exit code 2 on bad input or a refused claim."""
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_token_flags(args, "--token")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # transformers' deprecation notice about torch's pytree API, printed on import: noise around a one-line error
     warnings.filterwarnings("ignore", message=".*_register_pytree_node", category=FutureWarning)
-    main_pid = os.getpid()
-    built: list[Any] = []  # the server, once registered: SIGTERM drains it first
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        """SIGTERM: the main process has its sessions moved elsewhere (a drain, while it still serves), leaves the
-        orchestrator and stops; a forked child (DHT, handler) just exits."""
-        if os.getpid() != main_pid:
-            os._exit(128 + signum)
-        if built and args.drain_timeout_s > 0:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one drain; a second SIGTERM waits for it
-            built.pop().drain_self(args.drain_timeout_s)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    built: list[Any] = []  # the server, once registered: SIGTERM/SIGINT drain it first
+    install_stop_signals(built, args.drain_timeout_s)
     from petals_chain.protocol.http_client import OrchestratorError, OrchestratorUnreachableError
     from petals_chain.server.petals_server import ClaimRefusedError, RegistrationError
 
@@ -262,6 +252,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def install_stop_signals(built: list[Any], drain_timeout_s: float) -> None:
+    """SIGTERM and SIGINT (Ctrl-C) both stop the server gracefully: the main process has its sessions moved elsewhere
+    (a drain, while it still serves, at most ``drain_timeout_s``), leaves the orchestrator and exits with code 0.
+
+    A second SIGINT cuts the drain short and the server leaves at once (still cleanly); a second SIGTERM waits for
+    the drain, as before. A forked child (DHT, connection handler) exits on SIGTERM and ignores SIGINT: Ctrl-C reaches
+    the whole process group, and the main process stops its children itself once it has drained. The handlers are
+    installed whatever the process inherited: a server started from a script's background job (where SIGINT starts
+    out ignored) still stops on SIGINT.
+    """
+    main_pid = os.getpid()
+    stopping: list[int] = []  # the signals received so far (main process)
+
+    def on_stop(signum: int, frame: Any) -> None:
+        """Drain (first signal), then stop by KeyboardInterrupt, which main() turns into a clean shutdown."""
+        if os.getpid() != main_pid:
+            if signum == signal.SIGINT:
+                return  # the main process drains, then ends its children
+            os._exit(128 + signum)
+        if stopping:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the drain, leave now
+            return  # a second SIGTERM waits for the drain
+        stopping.append(signum)
+        if built and drain_timeout_s > 0:
+            built.pop().drain_self(drain_timeout_s)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+
+
 def _quiet_shutdown(server: Any, reason: str) -> None:
     """Shut the server down, ignoring a second Ctrl-C/SIGTERM while doing so; then end any child left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -273,12 +295,47 @@ def _quiet_shutdown(server: Any, reason: str) -> None:
     reap_children()
 
 
+SHM_MANAGER = "torch_shm_manager"  # torch's helper process behind hivemind's file_system tensor sharing
+
+
+def _shm_manager(proc: Any) -> bool:
+    """Whether ``proc`` (a psutil.Process) is torch's shared-memory manager."""
+    try:
+        return proc.name() == SHM_MANAGER
+    except Exception:  # gone, or not ours to inspect
+        return False
+
+
+def start_shm_manager() -> None:
+    """Start torch's shared-memory manager now, with SIGINT ignored, so that it inherits SIGINT ignored.
+
+    hivemind shares tensors with torch's ``file_system`` strategy, whose ``torch_shm_manager`` child process must
+    outlive every shared tensor of this process: freeing one after the manager died throws ``std::system_error``
+    (Broken pipe) from a destructor, and the process aborts (SIGABRT, "terminate called after throwing..."). Torch
+    starts the manager lazily, once per process; started here it ignores the Ctrl-C that reaches the whole process
+    group, and :func:`reap_children` leaves it alone (it exits by itself once this process is gone).
+    """
+    import torch
+    import torch.multiprocessing
+
+    strategy = os.environ.get("HIVEMIND_MEMORY_SHARING_STRATEGY", "file_system")  # hivemind's choice (mpfuture)
+    torch.multiprocessing.set_sharing_strategy(strategy)
+    if strategy != "file_system":
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        torch.zeros(1).share_memory_()  # the first shared tensor starts the manager
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def reap_children(timeout_s: float = 5.0) -> int:
     """Terminate (then kill) every process this one started that is still alive, e.g. petals' reachability
-    probe p2pd, which its background thread may not have stopped yet; returns how many there were."""
+    probe p2pd, which its background thread may not have stopped yet; returns how many there were. Torch's
+    shared-memory manager is left to exit by itself (see :func:`start_shm_manager`)."""
     import psutil
 
-    children = [c for c in psutil.Process().children(recursive=True) if c.is_running()]
+    children = [c for c in psutil.Process().children(recursive=True) if c.is_running() and not _shm_manager(c)]
     for c in children:
         try:
             c.terminate()
@@ -293,5 +350,18 @@ def reap_children(timeout_s: float = 5.0) -> int:
     return len(children)
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once main() has shut everything down (left the orchestrator, stopped PETALS'
+    server, ended every child), without the interpreter's teardown: native library threads still running then (the
+    p2p and torch machinery) may throw from static destructors (``terminate called after throwing an instance of
+    'std::system_error'``), which turns a clean exit into SIGABRT."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

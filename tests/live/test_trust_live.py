@@ -3,7 +3,8 @@
 One swarm of the tiny random LLaMA (the fixtures of tests/live/test_swarm.py): orchestrator with its DHT and two
 servers, each role with its own token. Registrations are believed only from the DHT (the orchestrator's default with
 a DHT): an invented peer id stays out of the composition and is buried, a real server's peer id claimed by another
-name is refused, a spoofed heartbeat is a 403, a false failure report leaves capacity intact and the 4th is a 429.
+name is refused, a spoofed heartbeat is a 403, a false failure report leaves capacity intact and the 4th by one
+request is a 429 while another client's report from the same host is still answered.
 Then a seeded fuzzer sends malformed, oversized, wrongly typed and out-of-order requests to every route while a
 generation runs: every answer is a 4xx with a JSON message, the lease held meanwhile renews, the registrations are
 unchanged and the generated tokens equal local greedy decoding.
@@ -156,8 +157,9 @@ def test_probe_attacks_change_nothing(swarm: LocalSwarm, model) -> None:
         status, _, _ = call(swarm, "POST", "/servers/heartbeat", spoof, token)
         assert status in (401, 403), (token, status)
 
-    # false failure reports: each answered by a replacement lease, the accused server stays; the 4th is refused
-    status, lease, _ = call(swarm, "POST", "/lease", {"timeout_s": 60, "client": "prober"}, TOKENS["client"])
+    # false failure reports: each answered by a replacement lease, the accused server stays; the 4th by the same
+    # request is refused. The reporter sends no label (the default client), as the issue-23 probe did.
+    status, lease, _ = call(swarm, "POST", "/lease", {"timeout_s": 60}, TOKENS["client"])
     assert status == 200
     for i in range(4):
         accused = lease["spans"][0]["server"]
@@ -169,7 +171,14 @@ def test_probe_attacks_change_nothing(swarm: LocalSwarm, model) -> None:
             assert _servers(swarm)[accused]["alive"]
         else:
             assert status == 429 and "false failure reports" in reply["error"], reply
-    assert call(swarm, "POST", f"/lease/{lease['lease_id']}/release", {}, TOKENS["client"])[0] == 200
+    # another client on the same host, also without a label, is not silenced by the first one's reports (issue 23)
+    status, other, _ = call(swarm, "POST", "/lease", {"timeout_s": 60}, TOKENS["client"])
+    assert status == 200
+    status, reply, _ = call(swarm, "POST", f"/lease/{other['lease_id']}/report-failure",
+                            {"server": other["spans"][0]["server"], "timeout_s": 60}, TOKENS["client"])
+    assert status == 200 and reply["replaces"] == other["lease_id"], reply
+    for held in (lease, reply):
+        assert call(swarm, "POST", f"/lease/{held['lease_id']}/release", {}, TOKENS["client"])[0] == 200
 
     _wait_for(lambda: not _servers(swarm)["ghost"]["alive"], VERIFY_TIMEOUT_S + 20, "the invented peer buried")
     assert "never answered" in _servers(swarm)["ghost"]["dead_reason"]

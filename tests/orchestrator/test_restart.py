@@ -8,12 +8,14 @@ import socket
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest must not collect it
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.api import build_app
+from petals_chain.orchestrator.auth import Credentials
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
@@ -21,6 +23,7 @@ from petals_chain.orchestrator.leases import LeaseTimeoutError
 from petals_chain.orchestrator.persist import Persistence
 from petals_chain.orchestrator.registry import Registry
 from petals_chain.orchestrator.store import StateStore
+from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorUnreachableError
 from petals_chain.protocol.requests import RegisterBody
 
@@ -299,5 +302,86 @@ def test_the_api_answers_only_once_the_change_is_committed(tmp_path: Path) -> No
                     assert lease.lease_id not in {x.lease_id for x in reader.load().leases}
         finally:
             await server.close()
+
+    asyncio.run(main())
+
+
+ROLES = Credentials(client="c-tok", server="s-tok", operator="o-tok")
+
+
+async def _status(http: aiohttp.ClientSession, method: str, url: str, token: str | None, body: dict | None = None,
+                  **headers: str) -> tuple[int, dict]:
+    """One request with an optional bearer token → (status, JSON reply)."""
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with http.request(method, url, json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+def test_server_secrets_and_evictions_survive_a_restart_as_salted_hashes(tmp_path: Path) -> None:
+    """Issue 23: after a restart a restored name answers only to the secret issued to it before (the store keeps a
+    salted PBKDF2 hash of each, never the secret); a takeover with the server credential alone is a 403, the real
+    server's heartbeat and re-registration work with its old secret, and an eviction stays in force."""
+
+    async def main() -> None:
+        db = tmp_path / "state.db"
+        first = restored(Clock(), StateStore(db), 30.0)
+        server = LoopbackServer(build_app(first, credentials=ROLES), host="127.0.0.1")
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+        issued = {}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for name, memory in SERVERS.items():
+                    status, reply = await _status(http, "POST", url + "/servers/register", "s-tok",
+                                                  {"name": name, "memory_bytes": memory, "tau_p_s": 0.01,
+                                                   "tau_c_s": 0.05, "peer_id": f"peer-{name}"})
+                    assert status == 200, reply
+                    issued[name] = reply["secret"]
+                assert (await _status(http, "POST", url + "/servers/c/evict", "o-tok", {"reason": "bad"}))[0] == 200
+        finally:
+            await server.close()
+        await first.state.close()
+
+        raw = db.read_bytes() + (tmp_path / "state.db-wal").read_bytes() if (tmp_path / "state.db-wal").exists() \
+            else db.read_bytes()
+        assert not any(secret.encode() in raw for secret in issued.values())  # only hashes reach the disk
+        stored = StateStore(db).load()
+        assert set(stored.secrets) == {"a", "b"} and stored.banned == {"c": "bad"}
+        salts = {h.split("$")[2] for h in stored.secrets.values()}
+        assert all(h.startswith("pbkdf2_sha256$") for h in stored.secrets.values()) and len(salts) == 2
+
+        second = restored(Clock(), StateStore(db), 30.0)
+        server = LoopbackServer(build_app(second, credentials=ROLES), host="127.0.0.1")
+        await server.start_server()
+        url = str(server.make_url("")).rstrip("/")
+        try:
+            async with aiohttp.ClientSession() as http:
+                assert second.registry.servers["a"].alive  # restored: counted as heard from now
+                grab = {"name": "a", "memory_bytes": 9 * GB, "tau_p_s": 0.001, "tau_c_s": 0.01, "peer_id": "peer-x"}
+                status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", grab)
+                assert status == 403 and "only it may register again" in reply["error"], reply
+                status, _ = await _status(http, "POST", url + "/servers/register", "s-tok", grab,
+                                          **{SECRET_HEADER: issued["b"]})  # another server's secret: still no
+                assert status == 403
+                beat = {"name": "a", "serving": {"start": 0, "end": 0}}
+                for token in ("s-tok", issued["b"], "forged"):
+                    assert (await _status(http, "POST", url + "/servers/heartbeat", token, beat))[0] in (401, 403)
+                assert (await _status(http, "POST", url + "/servers/a/leave", "s-tok", {}))[0] == 403
+                assert second.registry.servers["a"].peer_id == "peer-a" and second.registry.servers["a"].alive
+                # the real servers speak with the secrets they got before the restart
+                assert (await _status(http, "POST", url + "/servers/heartbeat", issued["a"], beat))[0] == 200
+                again = {"name": "b", "memory_bytes": SERVERS["b"], "tau_p_s": 0.02, "tau_c_s": 0.05,
+                         "peer_id": "peer-b"}
+                status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", again,
+                                              **{SECRET_HEADER: issued["b"]})
+                assert status == 200 and reply["secret"] == issued["b"], reply
+                back = {"name": "c", "memory_bytes": SERVERS["c"], "tau_p_s": 0.03, "tau_c_s": 0.05,
+                        "peer_id": "peer-c"}
+                status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", back)
+                assert status == 403 and "evicted" in reply["error"], reply
+        finally:
+            await server.close()
+            await second.state.close()
 
     asyncio.run(main())

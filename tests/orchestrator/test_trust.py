@@ -183,32 +183,40 @@ def test_registration_without_peer_id_is_refused_while_verifying() -> None:
         trust.admit(_reg("x", None))
 
 
-def test_false_report_costs_nothing_and_repeated_ones_are_rate_limited() -> None:
-    """A failure report about a server that answers leaves it alive with its chains; the 4th false one is a 429."""
+def test_false_reports_count_against_their_request_alone_and_a_confirmed_one_is_never_refused() -> None:
+    """A failure report about a server that answers leaves it alive with its chains and counts against the reporting
+    request (its job, kept by each replacement lease): its 4th false one is a 429. Another lease with the same label
+    from the same address is not limited (issue 23: a caller could silence another by sharing its label or host), and
+    the limited request's report about a server that really is gone is not refused: the server is buried."""
 
     async def body() -> None:
         orch, trust, swarm = await _believed_pair(FakeClock())
         capacity, version = orch.leases.free_capacity(), orch.registry.version
         async with serving(orch) as url, OrchestratorClient(url, token="c-tok") as oc:
-            for i in range(3):
-                lease = await oc.lease(timeout_s=5, client="liar")
+            lease = await oc.lease(timeout_s=5, client="shared")
+            for _ in range(3):
                 victim = lease.spans[0].server
                 new = await oc.report_failure(lease.lease_id, victim, timeout_s=5)
-                assert orch.registry.servers[victim].alive
-                await oc.release(new.lease_id)
-            assert orch.registry.version == version and orch.leases.free_capacity() == capacity
+                assert new.replaces == lease.lease_id and orch.registry.servers[victim].alive
+                lease = new
+            assert orch.registry.version == version and orch.leases.free_capacity() == capacity - 1
             assert trust.false_reports == 3
-            lease = await oc.lease(timeout_s=5, client="liar")
             with pytest.raises(OrchestratorError) as err:
                 await oc.report_failure(lease.lease_id, lease.spans[0].server, timeout_s=5)
             assert err.value.status == 429 and "false failure reports" in err.value.message
-            await oc.release(lease.lease_id)
-            honest = await oc.lease(timeout_s=5, client="honest")  # another reporter is not limited
-            victim = honest.spans[0].server
-            swarm.present_peers.discard(f"P{victim}")  # it really is gone
-            with pytest.raises(OrchestratorError) as err:  # believed: buried; no other chain is serving yet
-                await oc.report_failure(honest.lease_id, victim, timeout_s=0.5)
-            assert err.value.status == 503
+            assert orch.leases.has(lease.lease_id)  # refused: nothing changed, it still holds its lease
+
+            for label in ("shared", None):  # the same label, or none (the default client), from the same address
+                other = await oc.lease(timeout_s=5, client=label)
+                replacement = await oc.report_failure(other.lease_id, other.spans[0].server, timeout_s=5)
+                assert replacement.replaces == other.lease_id, label
+                await oc.release(replacement.lease_id)
+
+            victim = lease.spans[0].server
+            swarm.present_peers.discard(f"P{victim}")  # it really is gone: the limited request's report is believed
+            with pytest.raises(OrchestratorError) as err:  # buried; no other chain is serving yet
+                await oc.report_failure(lease.lease_id, victim, timeout_s=0.5)
+            assert err.value.status == 503, err.value
             assert not orch.registry.servers[victim].alive and "failure reported" in orch.registry.servers[
                 victim].dead_reason
 
@@ -341,6 +349,26 @@ def test_metrics_can_be_left_open_and_the_shared_token_grants_every_role() -> No
             await oc.cordon("a")
             await oc.evict("a")
             assert not orch.registry.servers["a"].alive
+
+    run(body())
+
+
+def test_a_server_drains_itself_with_its_own_secret_under_role_credentials() -> None:
+    """What a server does on SIGTERM/SIGINT: its client holds the server token only, and the drain goes out with the
+    server's secret (with the server token it was a 403, so no server could drain itself under role credentials)."""
+
+    async def body() -> None:
+        orch = Orchestrator(Registry(MODEL), OrchestratorConfig(heartbeat_timeout_s=None, offer_when_serving=True),
+                            composition_policy=PAPER)
+        async with serving(orch) as url, OrchestratorClient(url, token="s-tok") as oc:
+            await oc.register("a", memory_bytes=8 * GB, tau_p_s=0.1, tau_c_s=0.01, peer_id="Pa")
+            status = await oc.drain("a", wait_s=5, timeout_s=5)
+            assert status["server"] == "a" and status["left"], status
+            assert not orch.registry.servers["a"].alive
+        async with serving(orch) as url, OrchestratorClient(url, token="s-tok") as stranger:
+            with pytest.raises(OrchestratorError) as err:  # the server token alone drains nobody
+                await stranger.drain("a")
+            assert err.value.status == 403
 
     run(body())
 
