@@ -73,7 +73,7 @@ WIDTH = 4  # the speculative session's width
 PACER_TOKENS = 64  # g0's new tokens; the other greedy sessions join at steps of it
 MIGRATE_AFTER, MIGRATE_THEN = 8, 24  # mig's tokens before and after its move
 SPEC_TOKENS = 60
-KILL_AFTER = 12  # spec's new tokens before its chain's last server is killed
+KILL_AFTER = 12  # new tokens of the speculative session before its chain's last server is killed
 STALL_S = 60  # a wait fails after this long without any session making progress
 # test_failover's budgets scaled to c = 4 (c = 2 there): w holds every block with 4 sessions' caches, the others
 # half of them: three chains, [w] and two of two hops.
