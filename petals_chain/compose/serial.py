@@ -14,6 +14,7 @@ gives it the time per job that exact load-dependent mean value analysis (MVA) pr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -84,8 +85,16 @@ def chain_rates(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> l
     if not stations:
         return [n / chain.service_time_s for n in range(1, sessions + 1)]
     compute = sum(d for _, d in stations)
-    return closed_chain_curve([d for _, d in stations], chain.service_time_s - compute, sessions,
-                              [servers[j].step_factor for j, _ in stations])
+    return list(_station_curve(tuple((d, servers[j]) for j, d in stations), chain.service_time_s - compute, sessions))
+
+
+@functools.lru_cache(maxsize=4096)
+def _station_curve(stations: tuple[tuple[float, ServerSpec], ...], delay_s: float,
+                   sessions: int) -> tuple[float, ...]:
+    """:func:`closed_chain_curve` for (demand, server) stations, remembered: the default composition caps the same
+    chains again for every candidate prefix and every c (ServerSpec is frozen, so equal stations give equal
+    curves)."""
+    return tuple(closed_chain_curve([d for d, _ in stations], delay_s, sessions, [s.step_factor for _, s in stations]))
 
 
 def chain_time(chain: Chain, servers: Sequence[ServerSpec], sessions: int) -> float:
