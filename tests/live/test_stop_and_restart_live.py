@@ -35,7 +35,7 @@ from petals_chain.protocol.messages import DRAINED_REASON
 from tests.live import test_swarm
 from tests.live.test_restart import _free_port
 from tests.live.test_swarm import MAX_LENGTH, _wait_for
-from tests.live.test_trust_live import ENV, INVENTED_PEER, TOKENS, call
+from tests.live.test_trust_live import INVENTED_PEER, TOKENS, call, role_tokens_in_env
 
 pytestmark = pytest.mark.live
 
@@ -49,23 +49,17 @@ ABORT = "terminate called"
 @pytest.fixture(scope="module")
 def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator (DHT, role tokens, --state-dir, a fixed port) + 2 whole-model servers."""
-    saved = {k: os.environ.get(k) for k in (*ENV, "PETALS_CHAIN_ORCH_TOKEN")}
-    os.environ.update(ENV)
-    os.environ.pop("PETALS_CHAIN_ORCH_TOKEN", None)
     state = tmp_path_factory.mktemp("state")
-    sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("issue23-logs"), model_name="tiny-llama",
-                    max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
-                    orchestrator_args=("--state-dir", str(state)), port=_free_port(), api_token=TOKENS["operator"])
-    try:
-        sw.start(timeout_s=240)
-        yield sw
-    finally:
-        sw.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with role_tokens_in_env():
+        sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("issue23-logs"), model_name="tiny-llama",
+                        max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
+                        orchestrator_args=("--state-dir", str(state)), port=_free_port(),
+                        api_token=TOKENS["operator"])
+        try:
+            sw.start(timeout_s=240)
+            yield sw
+        finally:
+            sw.stop()
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,14 @@ unchanged and the generated tokens equal local greedy decoding.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,25 +42,29 @@ SERVERS = [ServerPlan("s1", "3MB"), ServerPlan("s2", "3MB")]  # two whole-model 
 INVENTED_PEER = "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"  # a well-formed peer id that no one here holds
 
 
+@contextlib.contextmanager
+def role_tokens_in_env() -> Iterator[None]:
+    """Every role's token in this process's environment (which the swarm's processes inherit), the shared
+    ``PETALS_CHAIN_ORCH_TOKEN`` removed; the environment as it was afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in ENV.items():
+            mp.setenv(key, value)
+        mp.delenv("PETALS_CHAIN_ORCH_TOKEN", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator + DHT + 2 servers, with a token per role (given to every process through its environment)."""
-    saved = {k: os.environ.get(k) for k in (*ENV, "PETALS_CHAIN_ORCH_TOKEN")}
-    os.environ.update(ENV)
-    os.environ.pop("PETALS_CHAIN_ORCH_TOKEN", None)
-    sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("trust-logs"), model_name="tiny-llama",
-                    max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
-                    orchestrator_extra=("--verify-timeout", str(VERIFY_TIMEOUT_S)), api_token=TOKENS["operator"])
-    try:
-        sw.start(timeout_s=240)
-        yield sw
-    finally:
-        sw.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with role_tokens_in_env():
+        sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("trust-logs"), model_name="tiny-llama",
+                        max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
+                        orchestrator_extra=("--verify-timeout", str(VERIFY_TIMEOUT_S)), api_token=TOKENS["operator"])
+        try:
+            sw.start(timeout_s=240)
+            yield sw
+        finally:
+            sw.stop()
 
 
 @pytest.fixture(scope="module")
