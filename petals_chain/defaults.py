@@ -63,3 +63,10 @@ BATCH_WINDOW_S = 0.020
 # Most tokens (hypotheses x new tokens, summed over sessions) in one batched step: bounds its working memory
 # (about 32 KiB per token for SmolLM2 in float32) and how long a decode waits behind a prefill sharing its step.
 MAX_BATCH_TOKENS = 256
+# How a batched decode step attends (server/batched_step.py): "per_session" runs each session's attention in place
+# over its own cache; "gathered" copies the sessions' caches into one padded batch and attends once; "auto" picks
+# gathered on a CUDA device and per session elsewhere. Measured: on an H200 (results/gpu-batched/, LLaMA-2-7B
+# shapes, bf16) gathered gave 1.1-3.9x per session's tokens/s at b = 2...64; on this machine's CPU per session
+# was faster at long and mixed contexts (bench server-step's attention alternatives).
+BATCH_ATTENTION_MECHANISMS = ("per_session", "gathered", "auto")
+BATCH_ATTENTION = "auto"

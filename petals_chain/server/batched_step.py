@@ -20,6 +20,14 @@ Design ("packed tokens, per-session attention over the caches in place"):
 * rollback needs nothing special: a session that continues from an earlier position simply comes with a
   smaller ``prefix_length``; its stale positions beyond the new end are overwritten or never read.
 
+Attention has a second mechanism, ``attention="gathered"``, for steps where every session decodes one token: the
+sessions' cached keys and values up to the longest prefix are copied into one padded batch, and one masked
+matmul pair serves them all. It reads every cache twice instead of once, but launches a constant number of
+kernels per layer instead of a few per session, which is what an accelerator needs once the per-session loop is
+launch-bound (results/gpu-batched/); on this machine's CPU the per-session loop is faster (``bench server-step``'s
+attention alternatives). Other steps (prefill, verification of k > 1 tokens, rollback to a shorter cache) always
+take the per-session path.
+
 This module is torch only (no RPC, no pools) and changes nothing in the live server by itself; the server-side
 adapter that reads PETALS' cache handles is :class:`BatchedMergedInferenceStep`.
 """
@@ -32,11 +40,20 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import rotate_half
+
+from petals_chain.defaults import BATCH_ATTENTION_MECHANISMS
 
 # Attention logits of one session are computed in query chunks no larger than this (bytes), as PETALS bounds
 # its own logits with ``max_chunk_size_bytes``; a long prefill then needs bounded working memory.
 DEFAULT_MAX_LOGITS_BYTES = 256 * 1024 * 1024
+
+
+def rotate_half(t: torch.Tensor) -> torch.Tensor:
+    """LLaMA's rotary helper (the same arithmetic as transformers'): halves ``(a, b)`` of the last dim → ``(−b, a)``.
+
+    Ours so that this module needs torch alone (the GPU measurement runs it where transformers differs)."""
+    a, b = t.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
 
 
 @dataclass
@@ -93,9 +110,13 @@ class BatchedSpanStep:
     TensorParallel wrapper); holds no per-session state, so the same object serves every step.
     """
 
-    def __init__(self, blocks: Sequence[nn.Module], *, max_logits_bytes: int = DEFAULT_MAX_LOGITS_BYTES):
+    def __init__(self, blocks: Sequence[nn.Module], *, max_logits_bytes: int = DEFAULT_MAX_LOGITS_BYTES,
+                 attention: str = "per_session"):
         if not blocks:
             raise ValueError("a span needs at least one block")
+        if attention not in BATCH_ATTENTION_MECHANISMS:
+            raise ValueError(f"attention must be one of {', '.join(BATCH_ATTENTION_MECHANISMS)}, got {attention!r}")
+        self.attention = attention
         self.layers = [unwrap_block(b) for b in blocks]
         attn = self.layers[0].self_attn
         self.num_heads: int = attn.num_heads
@@ -129,6 +150,39 @@ class BatchedSpanStep:
                 raise ValueError(f"session {i}: prefix {s.prefix_length} + {s.n_tokens} new tokens exceeds the"
                                  f" cache's {max_length} positions (or the prefix is negative)")
 
+    # -- memory -----------------------------------------------------------------------------------------------
+
+    def working_bytes(self, steps: Sequence[SessionStep]) -> int:
+        """Upper bound on what one call allocates beyond the weights and the caches (docs/batching.md, "Memory").
+
+        Token-wise work lives on the packed ``[T, hidden]`` rows: at most 12 rows of width ``hidden`` in float32
+        (RMSNorm computes in float32; x, the residual, q, k, v, rotary temporaries, attention output) and 4 rows
+        of the MLP's width per token, so it grows with the step's tokens T (≤ the server's
+        ``--max-batch-tokens``), never with the cached context. Attention adds, per-session mechanism, one
+        session's logits chunk at a time (scores, masked scores, float32 probabilities: 3 × ≤
+        ``max_logits_bytes``); gathered mechanism, the padded keys and values of the batch up to the longest
+        prefix, and the logits of every row over it.
+        """
+        live = [s for s in steps if s.hidden_states.numel() > 0]
+        if not live:
+            return 0
+        element = live[0].hidden_states.element_size()
+        tokens = sum(s.hidden_states.shape[0] * s.n_tokens for s in live)
+        intermediate = self.layers[0].mlp.gate_proj.out_features
+        packed = tokens * (12 * self.hidden_size * max(element, 4) + 4 * intermediate * element)
+        heads, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = live[0].hidden_states.reshape(-1, self.hidden_size)
+        gather = self._gather_plan(live, x)
+        if gather is not None:
+            longest = gather[0]
+            return packed + 2 * tokens * kvh * d * longest * element + tokens * heads * longest * (3 * element + 4) \
+                + tokens * longest
+        logits = 0
+        for s in live:
+            row = s.hidden_states.shape[0] * heads * s.end * 4
+            logits = max(logits, row * max(1, min(s.n_tokens, self.max_logits_bytes // max(1, row))))
+        return packed + 3 * logits
+
     # -- the step ---------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -150,8 +204,9 @@ class BatchedSpanStep:
 
         x = torch.cat([s.hidden_states.reshape(-1, self.hidden_size) for s in live])  # [T, hidden], packed
         cos, sin = self._rotary_tables(live, x)
+        gather = self._gather_plan(live, x)
         for index, layer in enumerate(self.layers):
-            x = self._layer(layer, index, x, live, cos, sin)
+            x = self._layer(layer, index, x, live, cos, sin, gather)
 
         outputs, offset, it = [], 0, iter(range(len(live)))
         for s in steps:
@@ -172,8 +227,24 @@ class BatchedSpanStep:
         cos, sin = self.rotary(x, seq_len=max(s.end for s in steps))  # [1, 1, longest, head_dim]
         return cos[0, 0, positions].unsqueeze(1), sin[0, 0, positions].unsqueeze(1)
 
+    def _gather_plan(self, steps: Sequence[SessionStep], x: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+        """For the gathered mechanism: ``(L, mask)``, the padded length and the ``[T, 1, 1, L]`` mask of positions
+        each packed row must not see; None when this step takes the per-session path (see the module's docstring).
+        """
+        mode = self.attention
+        if mode == "auto":
+            mode = "gathered" if x.device.type == "cuda" else "per_session"
+        if mode != "gathered" or len(steps) < 2 or any(s.n_tokens != 1 for s in steps):
+            return None
+        longest = max(s.end for s in steps)
+        if any(min(s.caches[0][0].shape[3], s.caches[0][1].shape[2]) < longest for s in steps):
+            return None  # a cache shorter than the padded length: its view would not exist
+        ends = torch.tensor([s.end for s in steps for _ in range(s.hidden_states.shape[0])], device=x.device)
+        mask = torch.arange(longest, device=x.device).unsqueeze(0) >= ends.unsqueeze(1)
+        return longest, mask.view(-1, 1, 1, longest)
+
     def _layer(self, layer: nn.Module, index: int, x: torch.Tensor, steps: Sequence[SessionStep],
-               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+               cos: torch.Tensor, sin: torch.Tensor, gather: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
         """One decoder layer over the packed tokens: token-wise parts packed, attention per session."""
         attn = layer.self_attn
         tokens = x.shape[0]
@@ -184,6 +255,11 @@ class BatchedSpanStep:
         q = (q * cos + rotate_half(q) * sin) * (1.0 / math.sqrt(self.head_dim))
         k = k * cos + rotate_half(k) * sin
 
+        if gather is not None:
+            out = self._attend_gathered(q, k, v, steps, index, *gather)
+            x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+            return x + layer.mlp(layer.post_attention_layernorm(x))
+
         out = torch.empty_like(q)
         offset = 0
         for s in steps:
@@ -193,13 +269,35 @@ class BatchedSpanStep:
             p = s.prefix_length
             # write this step's keys/values into the session's own cache, then attend over the cache in place
             shape = (batch, n, self.num_kv_heads, self.head_dim)
-            keys[:, :, :, p:p + n] = k[offset:offset + size].view(shape).permute(0, 2, 3, 1)
-            values[:, :, p:p + n] = v[offset:offset + size].view(shape).transpose(1, 2)
-            self._attend(q[offset:offset + size], out[offset:offset + size], keys, values, batch, n, p)
+            keys.narrow(3, p, n).copy_(k.narrow(0, offset, size).view(shape).permute(0, 2, 3, 1))
+            values.narrow(2, p, n).copy_(v.narrow(0, offset, size).view(shape).transpose(1, 2))
+            self._attend(q.narrow(0, offset, size), out.narrow(0, offset, size), keys, values, batch, n, p)
             offset += size
 
         x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
         return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _attend_gathered(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, steps: Sequence[SessionStep],
+                         index: int, longest: int, mask: torch.Tensor) -> torch.Tensor:
+        """Decode attention of every session at once (one token per hypothesis): write each session's new key and
+        value at its position, copy every cache's first ``longest`` positions into one padded batch, attend once.
+        Returns ``[T, heads, head_dim]``."""
+        kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
+        # method calls (select, narrow, split) rather than indexing: this loop runs for every session and layer
+        pairs = [s.caches[index] for s in steps]
+        positions = [s.prefix_length for s in steps]
+        dst_k = [keys.select(3, p) for (keys, _), p in zip(pairs, positions)]
+        dst_v = [values.select(2, p) for (_, values), p in zip(pairs, positions)]
+        sizes = [s.hidden_states.shape[0] for s in steps]
+        src_k, src_v = k.split(sizes), v.split(sizes)
+        pad_k = [keys.narrow(3, 0, longest) for keys, _ in pairs]
+        pad_v = [values.narrow(2, 0, longest) for _, values in pairs]
+        torch._foreach_copy_(dst_k + dst_v, [*src_k, *src_v])
+        tokens = q.shape[0]
+        scores = torch.matmul(q.view(tokens, kvh, g, d), torch.cat(pad_k))  # [T, kv_heads, groups, longest]
+        scores = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(probs, torch.cat(pad_v))  # [T, kv_heads, groups, head_dim]
 
     def _attend(self, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 batch: int, n: int, p: int) -> None:
@@ -217,14 +315,14 @@ class BatchedSpanStep:
         for c0 in range(0, n, chunk):
             m = min(chunk, n - c0)
             end = p + c0 + m
-            scores = torch.matmul(q5[:, :, :, c0:c0 + m].reshape(batch, kvh, g * m, d), keys[:, :, :, :end])
+            scores = torch.matmul(q5.narrow(3, c0, m).reshape(batch, kvh, g * m, d), keys.narrow(3, 0, end))
             if m > 1:  # query i (position p + c0 + i) sees keys 0 ... p + c0 + i
                 i = torch.arange(m, device=q.device).unsqueeze(1)
                 j = torch.arange(end, device=q.device).unsqueeze(0)
                 masked = (j > p + c0 + i).repeat(g, 1)  # rows ordered (group, position)
                 scores = scores.masked_fill(masked, float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out5[:, :, :, c0:c0 + m] = torch.matmul(probs, values[:, :, :end]).view(batch, kvh, g, m, d)
+            out5.narrow(3, c0, m).copy_(torch.matmul(probs, values.narrow(2, 0, end)).view(batch, kvh, g, m, d))
 
 
 class BatchedMergedInferenceStep:

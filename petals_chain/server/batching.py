@@ -75,16 +75,20 @@ class StepLog:
 @dataclass(frozen=True)
 class BatchingConfig:
     """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--step-log``)."""
+    ``--batch-attention``, ``--step-log``)."""
 
     max_sessions: int = defaults.MAX_BATCH_SESSIONS
     window_s: float = defaults.BATCH_WINDOW_S
     max_tokens: int = defaults.MAX_BATCH_TOKENS
     step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
+    attention: str = defaults.BATCH_ATTENTION
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
             raise ValueError(f"batching needs max_sessions >= 1, max_tokens >= 1, window_s >= 0; got {self}")
+        if self.attention not in defaults.BATCH_ATTENTION_MECHANISMS:
+            raise ValueError(f"batching attention must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)},"
+                             f" got {self.attention!r}")
 
     @property
     def enabled(self) -> bool:
@@ -312,14 +316,15 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
         merge_inference_pools_inplace(backends)
         return
     first_pool = next(iter(backends.values())).inference_pool
-    pool = BatchingInferencePool(_MergedInferenceStep(backends), BatchedMergedInferenceStep(backends), config=config,
+    batched = BatchedMergedInferenceStep(backends, attention=config.attention)
+    pool = BatchingInferencePool(_MergedInferenceStep(backends), batched, config=config,
                                  max_batch_size=first_pool.max_batch_size, device=first_pool.device,
                                  name="merged_inference")
     for backend in backends.values():
         assert not backend.inference_pool.is_alive()
         backend.inference_pool = pool
-    log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step)",
-             config.max_sessions, config.window_s * 1e3, config.max_tokens)
+    log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step,"
+             " attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens, config.attention)
 
 
 def install_batching(config: BatchingConfig) -> None:

@@ -99,6 +99,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-batch-tokens", type=positive_int_arg, default=defaults.MAX_BATCH_TOKENS,
                    help="most tokens (hypotheses x new tokens over all sessions) in one batched step; a single "
                         f"larger step still runs, alone; default {defaults.MAX_BATCH_TOKENS}")
+    g.add_argument("--batch-attention", choices=defaults.BATCH_ATTENTION_MECHANISMS, default=defaults.BATCH_ATTENTION,
+                   help="how a batched decode step attends: per_session (each session over its own cache in place), "
+                        "gathered (the caches copied into one padded batch, one attention), auto (gathered on a "
+                        f"CUDA device, else per session); default {defaults.BATCH_ATTENTION}")
     g.add_argument("--step-log", default="", metavar="CSV",
                    help="append one row per batched inference step (sessions, tokens, seconds of the step itself) "
                         "to this CSV: the server's own step times, as the profiler reads them for tau_p(b)")
@@ -126,11 +130,11 @@ def _positive(name: str, value: float | None) -> None:
 
 def batching_config(args: argparse.Namespace) -> Any:
     """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--step-log``."""
+    ``--batch-attention``, ``--step-log``."""
     from petals_chain.server.batching import BatchingConfig
 
     return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
-                          max_tokens=args.max_batch_tokens, step_log=args.step_log)
+                          max_tokens=args.max_batch_tokens, step_log=args.step_log, attention=args.batch_attention)
 
 
 def build_server(args: argparse.Namespace) -> Any:

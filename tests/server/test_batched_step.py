@@ -68,15 +68,16 @@ def _plan(rng: random.Random, s: Session) -> tuple[int, int] | None:
     return back, rng.randint(1, min(5, MAX_LENGTH - back))
 
 
+@pytest.mark.parametrize("attention", ["per_session", "gathered"])
 @pytest.mark.parametrize("n_sessions", [1, 2, 4, 8])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_mixed_sessions_equal_petals_step(backends, n_sessions: int, seed: int) -> None:
+def test_mixed_sessions_equal_petals_step(backends, n_sessions: int, seed: int, attention: str) -> None:
     """Random rounds of prefill, decode, k > 1 verification and rollback; outputs and caches equal PETALS'."""
     rng = random.Random(seed * 100 + n_sessions)
     torch.manual_seed(seed)
     sessions = [Session(allocate_session(backends, 1, MAX_LENGTH), allocate_session(backends, 1, MAX_LENGTH))
                 for _ in range(n_sessions)]
-    batched = BatchedMergedInferenceStep(backends)
+    batched = BatchedMergedInferenceStep(backends, attention=attention)
     worst_out = worst_cache = 0.0
     kinds: set[str] = set()
     for _ in range(8):
@@ -105,6 +106,59 @@ def test_mixed_sessions_equal_petals_step(backends, n_sessions: int, seed: int) 
     assert worst_out < TOL and worst_cache < TOL
     if n_sessions >= 4:
         assert {"prefill", "decode"} <= kinds
+
+
+def test_gathered_decode_equals_petals_step(backends) -> None:
+    """Decode-only rounds of sessions of different lengths (one of 3 hypotheses reordered by hypo_ids) through the
+    gathered mechanism (one padded attention for all) equal PETALS' step; the padded path is really taken."""
+    torch.manual_seed(5)
+    sessions = [Session(allocate_session(backends, b, MAX_LENGTH), allocate_session(backends, b, MAX_LENGTH),
+                        batch=b) for b in (1, 3, 1, 1)]
+    batched = BatchedMergedInferenceStep(backends, attention="gathered")
+    for s, n in zip(sessions, (2, 9, 17, 30)):  # prefills of different lengths
+        hidden = torch.randn(s.batch, n, TINY.hidden)
+        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
+        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
+        s.length = n
+    span = batched._span_step(tuple(backends))
+    gathered_calls = []
+    real = span._attend_gathered
+    span._attend_gathered = lambda *a: gathered_calls.append(1) or real(*a)
+    worst = 0.0
+    for round_ in range(6):
+        requests, expected = [], []
+        for s in sessions:
+            ids = torch.tensor([2, 0, 1]) if s.batch == 3 and round_ % 2 else NO_HYPO
+            hidden = torch.randn(s.batch, 1, TINY.hidden)
+            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
+            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
+            s.length += 1
+        for out, exp in zip(batched(requests), expected):
+            worst = max(worst, (out - exp).abs().max().item())
+    worst_cache = max(_cache_diff(backends, s) for s in sessions)
+    print(f"gathered decode: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
+    assert len(gathered_calls) == 6 * N_BLOCKS  # every layer of every round took the padded path
+    assert worst < TOL and worst_cache < TOL
+
+
+def test_gathered_falls_back_per_session(backends) -> None:
+    """The gathered mechanism leaves prefill, verification and too-short caches to the per-session path, and an
+    unknown mechanism is refused by name."""
+    blocks = [b.module for b in backends.values()]
+    step = BatchedSpanStep(blocks, attention="gathered")
+    descr = next(iter(backends.values())).get_inference_cache_descriptors
+    long_c = [tuple(d.make_zeros() for d in descr(1, 32)) for _ in blocks]
+    short_c = [tuple(d.make_zeros() for d in descr(1, 8)) for _ in blocks]
+    one = torch.randn(1, 1, TINY.hidden)
+    x = one.view(1, -1)
+    assert step._gather_plan([SessionStep(one, long_c, 20), SessionStep(one, long_c, 3)], x) is not None
+    assert step._gather_plan([SessionStep(one, long_c, 20), SessionStep(one, short_c, 3)], x) is None
+    assert step._gather_plan([SessionStep(torch.randn(1, 2, TINY.hidden), long_c, 5),
+                              SessionStep(one, long_c, 3)], x) is None
+    assert BatchedSpanStep(blocks, attention="auto")._gather_plan(
+        [SessionStep(one, long_c, 20), SessionStep(one, long_c, 3)], x) is None  # auto: per session on a CPU
+    with pytest.raises(ValueError, match="attention must be one of"):
+        BatchedSpanStep(blocks, attention="paged")
 
 
 def test_beams_reorder_like_petals(backends) -> None:
