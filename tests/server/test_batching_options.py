@@ -16,6 +16,7 @@ def test_defaults_batch_and_come_from_defaults_py() -> None:
     assert cfg.max_sessions == defaults.MAX_BATCH_SESSIONS > 1 and cfg.enabled
     assert cfg.window_s == pytest.approx(defaults.BATCH_WINDOW_S)
     assert cfg.max_tokens == defaults.MAX_BATCH_TOKENS
+    assert cfg.attention == defaults.BATCH_ATTENTION == "auto"
 
 
 def test_options_reach_the_config() -> None:
@@ -24,13 +25,14 @@ def test_options_reach_the_config() -> None:
     assert (cfg.max_sessions, cfg.window_s, cfg.max_tokens) == (1, pytest.approx(0.0125), 64)
     assert not cfg.enabled
     assert batching_config(parse_args([*BASE, "--batch-window-ms", "0"])).window_s == 0
+    assert batching_config(parse_args([*BASE, "--batch-attention", "gathered"])).attention == "gathered"
 
 
 @pytest.mark.parametrize("option, value", [
     ("--max-batch-sessions", "0"), ("--max-batch-sessions", "-3"), ("--max-batch-sessions", "2.5"),
     ("--max-batch-sessions", "many"), ("--batch-window-ms", "-1"), ("--batch-window-ms", "nan"),
     ("--batch-window-ms", "inf"), ("--batch-window-ms", "1e9"), ("--max-batch-tokens", "0"),
-    ("--max-batch-tokens", "x"),
+    ("--max-batch-tokens", "x"), ("--batch-attention", "paged"),
 ])
 def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -38,3 +40,10 @@ def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and option in err, err
+
+
+def test_config_refuses_an_unknown_attention() -> None:
+    from petals_chain.server.batching import BatchingConfig
+
+    with pytest.raises(ValueError, match="attention must be one of"):
+        BatchingConfig(attention="flash")
