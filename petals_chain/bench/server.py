@@ -85,7 +85,7 @@ def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: 
 
 
 def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int], sessions: Sequence[int],
-                   new_tokens: int, client: str, log_dir: Path, max_batch: int) -> dict:
+                   new_tokens: int, client: str, log_dir: Path, max_batch: int, pin: bool = False) -> dict:
     """Start the swarm (batching with this window, or PETALS' pool for None) and measure every (context, b); the swarm
     is stopped after. Returns {"e2e": {(ctx, b): tokens/s}, "per_step": {(ctx, b): mean sessions per decode step,
     the smaller of the servers'}, "rows": {ctx: [(server, sessions, seconds) of every decode batch]},
@@ -101,8 +101,10 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
     budget = blocks * BLOCK_BYTES + max(sessions) * max_length * CACHE_BYTES_PER_TOKEN * blocks
     budget_mb = math.ceil(budget / 1e6 * 1.15) + 20
     logs = {f"s{k}": log_dir / f"steps-s{k}.csv" for k in range(n_servers)}
-    plans = [ServerPlan(name, f"{budget_mb}MB", ("--max-batch-sessions", "1") if window_ms is None else
-                        ("--step-log", str(path), "--batch-window-ms", repr(window_ms),
+    cpus = sorted(os.sched_getaffinity(0))
+    pinning = ("--runtime-cpus", str(cpus[0])) if pin else ()
+    plans = [ServerPlan(name, f"{budget_mb}MB", (*pinning, "--max-batch-sessions", "1") if window_ms is None else
+                        (*pinning, "--step-log", str(path), "--batch-window-ms", repr(window_ms),
                          "--max-batch-sessions", str(max_batch)))
              for name, path in logs.items()]
     out: dict = {"e2e": {}, "per_step": {}, "rows": {}, "blocks": {}}
@@ -112,6 +114,8 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
                     arrival_rate=0.2, c=max(sessions), job_input_tokens=max(contexts) - new_tokens,
                     job_output_tokens=new_tokens) as sw:
         sw.start(timeout_s=900)
+        if pin:  # the client (this process) off the runtime's CPU, as the servers' own other threads are
+            os.sched_setaffinity(0, cpus[1:])
         for chain in sw.get("/chains")["chains"]:
             for hop in chain["spans"]:
                 out["blocks"][hop["server"]] = hop["end"] - hop["start"]
@@ -137,6 +141,8 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
                           f"{out['per_step'][(ctx, b)]:.2f} sessions per decode step", flush=True)
         finally:
             close_client(model)
+            if pin:
+                os.sched_setaffinity(0, cpus)
     return out
 
 
@@ -179,7 +185,11 @@ def run(argv: list[str] | None = None) -> int:
                    help="sessions step hidden states (the servers' work; default) or run greedy generate()")
     p.add_argument("--max-batch-sessions", type=int, default=defaults.MAX_BATCH_SESSIONS,
                    help=f"the batching servers' --max-batch-sessions (default {defaults.MAX_BATCH_SESSIONS})")
-    p.add_argument("--repeat", type=int, default=3, help="timed calls per in-process figure (the fastest is kept)")
+    p.add_argument("--repeat", type=int, default=5, help="timed calls per in-process figure (their median is kept, as"
+                                                          " inside the server)")
+    p.add_argument("--pin", action="store_true",
+                   help="each server's runtime thread alone on the first CPU (--runtime-cpus), everything else (its "
+                        "handlers, the client) on the others: inside-server times without the RPC work's contention")
     args = p.parse_args(argv)
     if not (MODEL_DIR / "model.safetensors").is_file():
         print(f"error: {MODEL_DIR} is missing: run scripts/prepare_model.sh")
@@ -190,23 +200,28 @@ def run(argv: list[str] | None = None) -> int:
     if min(args.windows_ms) < 0:
         print("error: --windows-ms must be >= 0")
         return 2
+    if args.pin and len(os.sched_getaffinity(0)) < 2:
+        print("error: --pin needs at least 2 CPUs")
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         runs = {w: _swarm_figures(w, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
-                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions) for w in args.windows_ms}
+                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions, args.pin)
+                for w in args.windows_ms}
         petals = _swarm_figures(None, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
-                                Path(tmp) / "petals", 1)
+                                Path(tmp) / "petals", 1, args.pin)
     load_live = os.getloadavg()
     first = runs[args.windows_ms[0]]
     spans = sorted(set(first["blocks"].values()))
     mid = [c - args.new_tokens // 2 for c in args.contexts]  # the decode steps' mean context
     step = step_figures(spans, mid, sorted(set(args.sessions) | set(range(1, max(args.sessions) + 1))),
-                        repeat=args.repeat)
+                        repeat=args.repeat, median=True)
     spans_text = ", ".join(f"{n} {m} blocks" for n, m in sorted(first["blocks"].items()))
+    pinned = f", runtime threads on CPU {min(os.sched_getaffinity(0))} alone" if args.pin else ""
     print(f"\nSmolLM2-135M float32, layout {args.layout} ({spans_text}; 1 torch thread each), {args.new_tokens} decode "
-          f"steps per session, client {args.client}, --max-batch-sessions {args.max_batch_sessions}")
+          f"steps per session, client {args.client}, --max-batch-sessions {args.max_batch_sessions}{pinned}")
     print("end to end through the swarm: tokens/s summed over sessions (mean sessions per decode step)")
     head = "".join(f" {'window ' + format(w, 'g') + ' ms':>22}" for w in args.windows_ms)
     print(f"{'ctx':>5} {'b':>3} | {'petals pool':>11} |{head} | ratio to the petals pool")
@@ -217,8 +232,9 @@ def run(argv: list[str] | None = None) -> int:
             ratios = " ".join(f"{r['e2e'][(ctx, b)] / ref:.2f}" for r in runs.values())
             print(f"{ctx:>5} {b:>3} | {ref:>11.1f} |{cells} | {ratios}")
     print(f"\ninside the server (window {args.windows_ms[0]:g} ms): every decode batch of k sessions the servers ran, "
-          "tokens/s = k / median step time; bare forward and PETALS' step in process, same blocks and mean context, "
-          "this run (PETALS' pool runs one session at a time: its tokens/s inside the server at every b)")
+          "tokens/s = k / median step time; bare forward and PETALS' step in process (median of --repeat calls), same "
+          "blocks and mean context, this run (PETALS' pool runs one session at a time: its tokens/s inside the server "
+          "at every b)")
     print(f"{'ctx':>5} {'server':>6} {'blocks':>6} {'k':>3} {'steps':>6} | {'inside':>7} | {'bare':>7} "
           f"{'PETALS step':>11} | {'in/bare':>7} {'in/PETALS':>9}")
     for ctx, m in zip(args.contexts, mid):

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from petals_chain.bench.timing import best_of
+from petals_chain.bench.timing import best_of, median_of
 from petals_chain.model_shapes import known_shape
 
 
@@ -85,9 +85,11 @@ def _attention_alternatives(shape, max_ctx: int, b: int, repeat: int) -> None:
 
 
 def step_figures(blocks: list[int], contexts: list[int], sessions: list[int], *, repeat: int, seed: int = 0,
-                 report: Any = None) -> dict[tuple[int, int, int], dict[str, float]]:
+                 report: Any = None, median: bool = False) -> dict[tuple[int, int, int], dict[str, float]]:
     """Aggregate tokens/s of one decode step, keyed (blocks, context, b), for (a) PETALS, (a1) ours one session at a
-    time, (b) ours batched and (c) the bare batched forward; ``report(key, tps)`` is called as each is measured."""
+    time, (b) ours batched and (c) the bare batched forward; ``report(key, tps)`` is called as each is measured.
+    Each figure is the fastest of ``repeat`` calls, or their median with ``median``."""
+    timed = median_of if median else best_of
     from petals.server.backend import _MergedInferenceStep
 
     from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep, SessionStep
@@ -133,7 +135,7 @@ def step_figures(blocks: list[int], contexts: list[int], sessions: list[int], *,
                 for key, fn in (("a", petals_steps), ("a1", ours_one_by_one), ("b", lambda r=requests: batched(r)),
                                 ("c", lambda s=stacked, c=caches, ctx=ctx: bare([SessionStep(s, c, ctx)]))):
                     fn()  # warm-up
-                    times[key] = best_of(fn, repeat)
+                    times[key] = timed(fn, repeat)
                 out[(n_blocks, ctx, b)] = {k: b / t for k, t in times.items()}
                 if report is not None:
                     report((n_blocks, ctx, b), out[(n_blocks, ctx, b)])

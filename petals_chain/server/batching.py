@@ -82,6 +82,7 @@ class BatchingConfig:
     max_tokens: int = defaults.MAX_BATCH_TOKENS
     step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
     attention: str = defaults.BATCH_ATTENTION
+    runtime_cpus: tuple[int, ...] = ()  # the runtime thread's CPUs; the server's other threads get the rest
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
@@ -276,7 +277,45 @@ class BatchingInferencePool(PrioritizedTaskPool):
             task.future.set_exception(exception)
 
 
-class BatchingRuntime(RuntimeWithDeduplicatedPools):
+class PinnedRuntime(RuntimeWithDeduplicatedPools):
+    """PETALS' runtime whose thread, the one that computes every step, runs on its own CPUs (``--runtime-cpus``).
+
+    The thread pins itself on its first batch, after it has started the pools' and the output senders' threads, so
+    those keep the process's CPUs (the others, :func:`pin_server_process`). Without CPUs it is PETALS' runtime.
+    """
+
+    runtime_cpus: tuple[int, ...] = ()
+
+    def _pin_once(self) -> None:
+        """Pin the calling thread (the runtime's) to ``runtime_cpus``, the first time only."""
+        if self.runtime_cpus and not getattr(self, "_pinned", False):
+            os.sched_setaffinity(0, self.runtime_cpus)  # 0: the calling thread (Linux)
+            self._pinned = True
+            log.info("the runtime thread runs on CPUs %s", ",".join(map(str, self.runtime_cpus)))
+
+    def process_batch(self, pool: Any, batch_index: int, *batch: Any) -> tuple[Any, int]:
+        """Pin this thread once, then PETALS' ``process_batch``."""
+        self._pin_once()
+        return super().process_batch(pool, batch_index, *batch)
+
+
+def pin_server_process(runtime_cpus: Sequence[int]) -> tuple[int, ...]:
+    """Move this process (and every thread and process it starts from now on) off ``runtime_cpus``; returns the
+    CPUs left to it. ValueError naming the CPUs when they are not this process's or leave it none."""
+    available = set(os.sched_getaffinity(0))
+    wanted = set(runtime_cpus)
+    if not wanted <= available:
+        raise ValueError(f"--runtime-cpus {','.join(map(str, sorted(wanted)))}: this process may only use CPUs"
+                         f" {','.join(map(str, sorted(available)))}")
+    rest = available - wanted
+    if not rest:
+        raise ValueError(f"--runtime-cpus {','.join(map(str, sorted(wanted)))} leaves no CPU for the server's other"
+                         " threads and processes")
+    os.sched_setaffinity(0, rest)
+    return tuple(sorted(rest))
+
+
+class BatchingRuntime(PinnedRuntime):
     """PETALS' runtime that runs a :class:`BatchingInferencePool`'s batches through the pool's ``run_batch``.
 
     Batches are loaded just before they run (no prefetching thread): a prefetching loader would pop each step
@@ -292,6 +331,7 @@ class BatchingRuntime(RuntimeWithDeduplicatedPools):
     def process_batch(self, pool: Any, batch_index: int, *batch: Any) -> tuple[Any, int]:
         """A batching pool's batch: per task outputs (or exceptions) and the tokens; any other pool: PETALS'."""
         if isinstance(pool, BatchingInferencePool):
+            self._pin_once()
             return pool.run_batch(batch[0])
         return super().process_batch(pool, batch_index, *batch)
 
@@ -332,9 +372,15 @@ def install_batching(config: BatchingConfig) -> None:
     import petals.server.backend as petals_backend
     import petals.server.server as petals_server
 
+    PinnedRuntime.runtime_cpus = tuple(config.runtime_cpus)
+    if config.runtime_cpus:
+        rest = pin_server_process(config.runtime_cpus)
+        log.info("the runtime thread will run on CPUs %s, the rest of the server on %s",
+                 ",".join(map(str, config.runtime_cpus)), ",".join(map(str, rest)))
     if config.enabled:
         petals_server.merge_inference_pools_inplace = lambda backends: merge_batching_pools_inplace(backends, config)
         petals_server.RuntimeWithDeduplicatedPools = BatchingRuntime
     else:
         petals_server.merge_inference_pools_inplace = petals_backend.merge_inference_pools_inplace
-        petals_server.RuntimeWithDeduplicatedPools = RuntimeWithDeduplicatedPools
+        petals_server.RuntimeWithDeduplicatedPools = PinnedRuntime if config.runtime_cpus else \
+            RuntimeWithDeduplicatedPools

@@ -103,12 +103,35 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="how a batched decode step attends: per_session (each session over its own cache in place), "
                         "gathered (the caches copied into one padded batch, one attention), auto (gathered on a "
                         f"CUDA device, else per session); default {defaults.BATCH_ATTENTION}")
+    g.add_argument("--runtime-cpus", type=_cpu_list, default=(), metavar="LIST",
+                   help="run the runtime thread (the one that computes every inference step) on these CPUs, e.g. "
+                        "0 or 0-3,8, and the server's other threads and processes (connection handlers, DHT, pools) "
+                        "on the others: a step is then not slowed by the RPC work of the sessions it serves")
     g.add_argument("--step-log", default="", metavar="CSV",
                    help="append one row per batched inference step (sessions, tokens, seconds of the step itself) "
                         "to this CSV: the server's own step times, as the profiler reads them for tau_p(b)")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return token_files(p.parse_args(argv), "--token")
+
+
+def _cpu_list(text: str) -> tuple[int, ...]:
+    """'0', '0-3,8' → CPU numbers (argparse type; one-line error on anything else)."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            a, _, b = part.strip().partition("-")
+            lo, hi = int(a), int(b) if b else int(a)
+            if lo < 0 or hi < lo:
+                raise ValueError
+            cpus.update(range(lo, hi + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU list such as 0 or 0-3,8") from None
+    available = os.sched_getaffinity(0)
+    if not cpus <= available or cpus == available:
+        raise argparse.ArgumentTypeError(f"{text!r} must name some, not all, of the CPUs this process may use"
+                                         f" ({','.join(map(str, sorted(available)))})")
+    return tuple(sorted(cpus))
 
 
 def _parse_span(text: str, num_blocks: int) -> tuple[int, int]:
@@ -130,11 +153,12 @@ def _positive(name: str, value: float | None) -> None:
 
 def batching_config(args: argparse.Namespace) -> Any:
     """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--batch-attention``, ``--step-log``."""
+    ``--batch-attention``, ``--runtime-cpus``, ``--step-log``."""
     from petals_chain.server.batching import BatchingConfig
 
     return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
-                          max_tokens=args.max_batch_tokens, step_log=args.step_log, attention=args.batch_attention)
+                          max_tokens=args.max_batch_tokens, step_log=args.step_log, attention=args.batch_attention,
+                          runtime_cpus=args.runtime_cpus)
 
 
 def build_server(args: argparse.Namespace) -> Any:

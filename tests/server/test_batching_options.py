@@ -32,7 +32,8 @@ def test_options_reach_the_config() -> None:
     ("--max-batch-sessions", "0"), ("--max-batch-sessions", "-3"), ("--max-batch-sessions", "2.5"),
     ("--max-batch-sessions", "many"), ("--batch-window-ms", "-1"), ("--batch-window-ms", "nan"),
     ("--batch-window-ms", "inf"), ("--batch-window-ms", "1e9"), ("--max-batch-tokens", "0"),
-    ("--max-batch-tokens", "x"), ("--batch-attention", "paged"),
+    ("--max-batch-tokens", "x"), ("--batch-attention", "paged"), ("--runtime-cpus", "zero"),
+    ("--runtime-cpus", "3-1"), ("--runtime-cpus", "4096"), ("--runtime-cpus", "0-4095"),
 ])
 def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -47,3 +48,26 @@ def test_config_refuses_an_unknown_attention() -> None:
 
     with pytest.raises(ValueError, match="attention must be one of"):
         BatchingConfig(attention="flash")
+
+
+def test_runtime_cpus_parse_and_pin_a_process(tmp_path) -> None:
+    """A CPU list reaches the config; pinning a process moves it off those CPUs (checked in a child process, which
+    is pinned and exits) and refuses CPUs it may not use or that leave it none."""
+    import multiprocessing as mp
+    import os
+
+    from petals_chain.server.batching import pin_server_process
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.fail("this test needs a machine with at least 2 CPUs")
+    cfg = batching_config(parse_args([*BASE, "--runtime-cpus", str(cpus[0])]))
+    assert cfg.runtime_cpus == (cpus[0],)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        rest = pool.apply(pin_server_process, ((cpus[0],),))
+        assert rest == tuple(cpus[1:])
+    with pytest.raises(ValueError, match="leaves no CPU"):
+        pin_server_process(cpus)
+    with pytest.raises(ValueError, match="may only use"):
+        pin_server_process([max(cpus) + 1])
