@@ -14,7 +14,8 @@ import numpy as np
 
 from petals_chain import defaults
 from petals_chain.compose.serial import fit_serial_fraction, probe_throughput
-from petals_chain.launch.profile_fit import PARAMS, BatchStep, Capacity, ProfileGrid, ServerFit, StepSample
+from petals_chain.launch.profile_fit import (PARAMS, BatchStep, Capacity, ProfileGrid, ServerFit, StepSample,
+                                            linear_serial_fraction)
 from petals_chain.model import ServerSpec, SpecError
 
 
@@ -68,7 +69,9 @@ class Profile:
                 "max_length": self.max_length, "job": {"input_tokens": li, "output_tokens": lo},
                 "created": self.created, "command": self.command,
                 "servers": [{**asdict(f), "tau_p_s": f.tau_p_s(li, lo), "tau_c_s": f.tau_c_s(lo),
-                             "model_tau_c_s": f.model_tau_c_s(lo)} for f in self.fits.values()],
+                             "model_tau_c_s": f.model_tau_c_s(lo),
+                             "curve_serial_fraction": linear_serial_fraction(f.batch_slowdown)
+                             if f.batch_slowdown else None} for f in self.fits.values()],
                 "capacity": asdict(self.capacity) if self.capacity is not None else None,
                 "serial_fraction": self.serial_fraction(),
                 "predicted_capacity_jobs_per_s": self.predicted_capacity()}
@@ -172,7 +175,8 @@ def plot_batch_curves(path: Path, steps: dict[str, Sequence[BatchStep]], fits: d
         base = float(np.median(alone))
         jitter = (i - len(steps) / 2) * 0.03
         ax.scatter([k + jitter for k, _ in decode], [t / base for _, t in decode], s=6, alpha=0.35, color=cmap(i))
-        ax.plot(range(1, len(curve) + 1), curve, color=cmap(i), lw=1.5, label=name)
+        ax.plot(range(1, len(curve) + 1), curve, color=cmap(i), lw=1.5,
+                label=f"{name} (σ of its line {linear_serial_fraction(curve):.2f})")
         most = max(most, len(curve))
     b = np.arange(1, most + 1)
     ax.plot(b, b, "k--", lw=1, label="one session at a time (PETALS' pool)")
