@@ -66,7 +66,7 @@ MAX_BATCH_TOKENS = 256
 # How a batched decode step attends (server/batched_step.py): "per_session" runs each session's attention in place
 # over its own cache; "gathered" copies the sessions' caches into one padded batch and attends once; "auto" picks
 # gathered on a CUDA device and per session elsewhere. Measured: on an H200 (results/gpu-batched/, LLaMA-2-7B
-# shapes, bf16) gathered gave 1.1-3.9x per session's tokens/s at b = 2...64; on this machine's CPU per session
+# shapes, bf16) gathered gave 1.1-3.6x per session's tokens/s at b = 2...64; on this machine's CPU per session
 # was faster at long and mixed contexts (bench server-step's attention alternatives).
 BATCH_ATTENTION_MECHANISMS = ("per_session", "gathered", "auto")
 BATCH_ATTENTION = "auto"

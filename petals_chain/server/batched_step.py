@@ -86,6 +86,59 @@ class SessionStep:
         return self.prefix_length + self.n_tokens
 
 
+@dataclass
+class _Gather:
+    """A decode step's plan for the gathered mechanism: the padded length, the ``[T, 1, 1, L]`` mask of positions each
+    packed row must not see, each row's new position (``[T]``), and the arena rows of the last block seen."""
+
+    longest: int
+    mask: torch.Tensor
+    positions: torch.Tensor
+    rows_key: tuple[int, ...] = ()
+    rows: torch.Tensor | None = None  # arena row of every packed row
+    lo: int = 0  # the arena rows lo ... lo + span - 1 hold every packed row
+    span: int = 0
+    in_place: bool = False  # dense enough to attend over that range of the arena in place (no copy)
+    span_index: torch.Tensor | None = None  # rows - lo; None when the rows are exactly lo ... lo + T - 1
+    span_mask: torch.Tensor | None = None  # the mask over the range (rows with no session see position 0 only)
+
+    def set_rows(self, rows: list[int], device: torch.device) -> None:
+        """Adopt the arena rows of a block (blocks allocated in step share them: computed once per step)."""
+        self.rows_key = tuple(rows)
+        self.rows = torch.tensor(rows, device=device)
+        self.lo, self.span = min(rows), max(rows) - min(rows) + 1
+        # in place when no row repeats and at most half of the range is idle (attention over idle rows is waste)
+        self.in_place = len(set(rows)) == len(rows) and self.span <= 2 * len(rows)
+        self.span_index = self.span_mask = None
+        if self.in_place and rows != list(range(self.lo, self.lo + len(rows))):
+            self.span_index = self.rows - self.lo
+            span_mask = torch.ones(self.span, 1, 1, self.longest, dtype=torch.bool, device=device)
+            span_mask[..., 0] = False
+            span_mask[self.span_index] = self.mask
+            self.span_mask = span_mask
+
+
+def arena_rows(steps: Sequence[SessionStep], index: int) -> tuple[torch.Tensor, torch.Tensor, list[int]] | None:
+    """``(keys arena, values arena, the arena row of every packed row)`` when the caches of block ``index`` of every
+    session are views of the same two arena tensors, one session's ``batch`` consecutive rows each (what an arena
+    memory cache hands out: ``arena[slot:slot + batch, ..., :length]``); None otherwise."""
+    keys0, values0 = steps[0].caches[index]
+    ak, av = keys0._base, values0._base
+    if ak is None or av is None or ak.dim() != 4 or av.dim() != 4 or not ak.is_contiguous() or not av.is_contiguous():
+        return None
+    rows: list[int] = []
+    for s in steps:
+        keys, values = s.caches[index]
+        if keys._base is not ak or values._base is not av or keys.stride() != ak.stride() \
+                or values.stride() != av.stride():
+            return None
+        slot, rest = divmod(keys.storage_offset() - ak.storage_offset(), ak.stride(0))
+        if rest or values.storage_offset() - av.storage_offset() != slot * av.stride(0):
+            return None
+        rows.extend(range(slot, slot + keys.shape[0]))
+    return ak, av, rows
+
+
 def unwrap_block(block: nn.Module) -> nn.Module:
     """The LLaMA decoder layer inside ``block``: PETALS wraps each served block in a one-device TensorParallel.
 
@@ -174,7 +227,7 @@ class BatchedSpanStep:
         x = live[0].hidden_states.reshape(-1, self.hidden_size)
         gather = self._gather_plan(live, x)
         if gather is not None:
-            longest = gather[0]
+            longest = gather.longest
             return packed + 2 * tokens * kvh * d * longest * element + tokens * heads * longest * (3 * element + 4) \
                 + tokens * longest
         logits = 0
@@ -227,24 +280,28 @@ class BatchedSpanStep:
         cos, sin = self.rotary(x, seq_len=max(s.end for s in steps))  # [1, 1, longest, head_dim]
         return cos[0, 0, positions].unsqueeze(1), sin[0, 0, positions].unsqueeze(1)
 
-    def _gather_plan(self, steps: Sequence[SessionStep], x: torch.Tensor) -> tuple[int, torch.Tensor] | None:
-        """For the gathered mechanism: ``(L, mask)``, the padded length and the ``[T, 1, 1, L]`` mask of positions
-        each packed row must not see; None when this step takes the per-session path (see the module's docstring).
-        """
+    def _gather_plan(self, steps: Sequence[SessionStep], x: torch.Tensor) -> _Gather | None:
+        """The gathered mechanism's plan for this step, or None when it takes the per-session path (see the
+        module's docstring): not every session decodes one token, or a cache is shorter than the padded length and
+        not an arena's slot (an arena row always has the arena's full length)."""
         mode = self.attention
         if mode == "auto":
             mode = "gathered" if x.device.type == "cuda" else "per_session"
         if mode != "gathered" or len(steps) < 2 or any(s.n_tokens != 1 for s in steps):
             return None
         longest = max(s.end for s in steps)
-        if any(min(s.caches[0][0].shape[3], s.caches[0][1].shape[2]) < longest for s in steps):
+        arena = arena_rows(steps, 0)
+        if arena is not None:
+            if min(arena[0].shape[3], arena[1].shape[2]) < longest:
+                return None
+        elif any(min(s.caches[0][0].shape[3], s.caches[0][1].shape[2]) < longest for s in steps):
             return None  # a cache shorter than the padded length: its view would not exist
         ends = torch.tensor([s.end for s in steps for _ in range(s.hidden_states.shape[0])], device=x.device)
         mask = torch.arange(longest, device=x.device).unsqueeze(0) >= ends.unsqueeze(1)
-        return longest, mask.view(-1, 1, 1, longest)
+        return _Gather(longest, mask.view(-1, 1, 1, longest), ends - 1)
 
     def _layer(self, layer: nn.Module, index: int, x: torch.Tensor, steps: Sequence[SessionStep],
-               cos: torch.Tensor, sin: torch.Tensor, gather: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+               cos: torch.Tensor, sin: torch.Tensor, gather: _Gather | None = None) -> torch.Tensor:
         """One decoder layer over the packed tokens: token-wise parts packed, attention per session."""
         attn = layer.self_attn
         tokens = x.shape[0]
@@ -256,7 +313,7 @@ class BatchedSpanStep:
         k = k * cos + rotate_half(k) * sin
 
         if gather is not None:
-            out = self._attend_gathered(q, k, v, steps, index, *gather)
+            out = self._attend_gathered(q, k, v, steps, index, gather)
             x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
             return x + layer.mlp(layer.post_attention_layernorm(x))
 
@@ -278,26 +335,54 @@ class BatchedSpanStep:
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def _attend_gathered(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, steps: Sequence[SessionStep],
-                         index: int, longest: int, mask: torch.Tensor) -> torch.Tensor:
+                         index: int, plan: _Gather) -> torch.Tensor:
         """Decode attention of every session at once (one token per hypothesis): write each session's new key and
         value at its position, copy every cache's first ``longest`` positions into one padded batch, attend once.
-        Returns ``[T, heads, head_dim]``."""
+        When the caches are rows of one arena per block (:func:`arena_rows`), the write is one indexed operation,
+        and the batch is not copied at all when its rows fill at least half of a range of the arena (attention then
+        runs over that range in place, idle rows computed and dropped), else gathered by one indexed copy. Returns
+        ``[T, kv_heads, groups, head_dim]``."""
         kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
-        # method calls (select, narrow, split) rather than indexing: this loop runs for every session and layer
-        pairs = [s.caches[index] for s in steps]
-        positions = [s.prefix_length for s in steps]
-        dst_k = [keys.select(3, p) for (keys, _), p in zip(pairs, positions)]
-        dst_v = [values.select(2, p) for (_, values), p in zip(pairs, positions)]
-        sizes = [s.hidden_states.shape[0] for s in steps]
-        src_k, src_v = k.split(sizes), v.split(sizes)
-        pad_k = [keys.narrow(3, 0, longest) for keys, _ in pairs]
-        pad_v = [values.narrow(2, 0, longest) for _, values in pairs]
-        torch._foreach_copy_(dst_k + dst_v, [*src_k, *src_v])
+        longest = plan.longest
         tokens = q.shape[0]
-        scores = torch.matmul(q.view(tokens, kvh, g, d), torch.cat(pad_k))  # [T, kv_heads, groups, longest]
-        scores = scores.masked_fill(mask, float("-inf"))
+        arena = arena_rows(steps, index)
+        if arena is not None:
+            ak, av, rows = arena
+            if tuple(rows) != plan.rows_key:
+                plan.set_rows(rows, ak.device)
+            ak[plan.rows, :, :, plan.positions] = k
+            av[plan.rows, :, plan.positions] = v
+            if plan.in_place:  # attend over the arena's rows lo ... lo + span - 1 where they lie: nothing is copied
+                keys = ak.narrow(0, plan.lo, plan.span).narrow(3, 0, longest)
+                values = av.narrow(0, plan.lo, plan.span).narrow(2, 0, longest)
+                if plan.span_index is None:
+                    return self._padded_attention(q.view(tokens, kvh, g, d), keys, values, plan.mask)
+                q_span = q.new_zeros(plan.span, kvh, g, d)
+                q_span[plan.span_index] = q.view(tokens, kvh, g, d)
+                return self._padded_attention(q_span, keys, values, plan.span_mask)[plan.span_index]
+            keys = ak.narrow(3, 0, longest)[plan.rows]
+            values = av.narrow(2, 0, longest)[plan.rows]
+        else:
+            # method calls (select, narrow, split) rather than indexing: this loop runs for every session and layer
+            pairs = [s.caches[index] for s in steps]
+            positions = [s.prefix_length for s in steps]
+            dst_k = [c.select(3, p) for (c, _), p in zip(pairs, positions)]
+            dst_v = [c.select(2, p) for (_, c), p in zip(pairs, positions)]
+            sizes = [s.hidden_states.shape[0] for s in steps]
+            src_k, src_v = k.split(sizes), v.split(sizes)
+            torch._foreach_copy_(dst_k + dst_v, [*src_k, *src_v])
+            keys = torch.cat([c.narrow(3, 0, longest) for c, _ in pairs])
+            values = torch.cat([c.narrow(2, 0, longest) for _, c in pairs])
+        return self._padded_attention(q.view(tokens, kvh, g, d), keys, values, plan.mask)
+
+    @staticmethod
+    def _padded_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          mask: torch.Tensor) -> torch.Tensor:
+        """One masked attention of rows ``q [R, kv_heads, groups, head_dim]`` over ``keys [R, kv_heads, head_dim,
+        L]`` and ``values [R, kv_heads, L, head_dim]``; ``mask [R, 1, 1, L]`` hides what a row must not see."""
+        scores = torch.matmul(q, keys).masked_fill(mask, float("-inf"))  # [R, kv_heads, groups, L]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, torch.cat(pad_v))  # [T, kv_heads, groups, head_dim]
+        return torch.matmul(probs, values)  # [T, kv_heads, groups, head_dim]
 
     def _attend(self, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 batch: int, n: int, p: int) -> None:

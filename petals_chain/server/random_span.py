@@ -50,6 +50,12 @@ class LocalMemoryCache:
             self._tensors[handle] = descr.make_zeros()
         return handles
 
+    def adopt(self, tensors: Sequence[torch.Tensor]) -> tuple[int, ...]:
+        """Handles for tensors made elsewhere (e.g. views of an arena), in order."""
+        handles = tuple(next(self._next) for _ in tensors)
+        self._tensors.update(zip(handles, tensors))
+        return handles
+
     def free(self, handles: Sequence[int]) -> None:
         """Forget the tensors of ``handles``."""
         for handle in handles:

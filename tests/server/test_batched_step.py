@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep, SessionStep
+from petals_chain.server import batched_step as batched_step_module
+from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep, SessionStep, arena_rows
 from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
 
 TOL = 1e-4  # float32; observed differences are ~1e-6 (summation order of packed vs single-session matmuls)
@@ -48,8 +49,10 @@ def _cache_diff(backends, session: Session) -> float:
     cache = next(iter(backends.values())).memory_cache
     ref = [h for hs in session.ref for h in hs]
     bat = [h for hs in session.bat for h in hs]
-    with cache.use_cache(*ref) as a, cache.use_cache(*bat) as b:
-        return max((x - y).abs().max().item() for x, y in zip(a, b))
+    with cache.use_cache(*ref) as a, cache.use_cache(*bat) as b:  # keys then values of each block
+        n = session.length
+        return max((x[..., :n] - y[..., :n] if i % 2 == 0 else x[:, :, :n] - y[:, :, :n]).abs().max().item()
+                   for i, (x, y) in enumerate(zip(a, b)))
 
 
 def _plan(rng: random.Random, s: Session) -> tuple[int, int] | None:
@@ -139,6 +142,84 @@ def test_gathered_decode_equals_petals_step(backends) -> None:
     print(f"gathered decode: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
     assert len(gathered_calls) == 6 * N_BLOCKS  # every layer of every round took the padded path
     assert worst < TOL and worst_cache < TOL
+
+
+def _arenas(backends, slots: int, max_length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One keys and one values arena per block, ``slots`` rows of ``max_length`` positions (PETALS' layout)."""
+    descr = next(iter(backends.values())).get_inference_cache_descriptors
+    return [tuple(d.make_zeros() for d in descr(slots, max_length)) for _ in backends]
+
+
+def _arena_session(backends, arenas, slot: int, batch: int, length: int) -> tuple:
+    """A session's cache handles: rows ``slot ... slot + batch - 1`` of every block's arenas, ``length`` long."""
+    cache = next(iter(backends.values())).memory_cache
+    return tuple(cache.adopt([ak[slot:slot + batch, :, :, :length], av[slot:slot + batch, :, :length]])
+                 for ak, av in arenas)
+
+
+@pytest.mark.parametrize("slots, in_place, exact", [
+    ((5, 0, 9, 7), True, False),  # rows 0-2, 5, 7, 9: over half of 0..9 in use, attention over the range in place
+    ((0, 1, 4, 5), True, True),  # rows 0..5 in the batch's order: the range is the batch
+    ((30, 0, 20, 11), False, False),  # rows spread over 0..30: gathered by one indexed copy
+])
+def test_arena_decode_equals_petals_step(backends, monkeypatch, slots, in_place: bool, exact: bool) -> None:
+    """Sessions whose caches are rows of one arena per block (slots in any order, different lengths, one of 3
+    hypotheses): the gathered step writes them by index and reads them in place or by one indexed copy, and equals
+    PETALS' step on separate caches."""
+    torch.manual_seed(6)
+    arenas = _arenas(backends, 32, MAX_LENGTH)
+    lengths = (MAX_LENGTH, 40, MAX_LENGTH, 36)
+    layout = [(slot, 3 if i == 1 else 1, length) for i, (slot, length) in enumerate(zip(slots, lengths))]
+    sessions = [Session(allocate_session(backends, b, MAX_LENGTH), _arena_session(backends, arenas, slot, b, length),
+                        batch=b) for slot, b, length in layout]
+    batched = BatchedMergedInferenceStep(backends, attention="gathered")
+    for s, n in zip(sessions, (3, 11, 20, 29)):
+        hidden = torch.randn(s.batch, n, TINY.hidden)
+        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
+        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
+        s.length = n
+    by_index = []
+    real = batched_step_module.arena_rows
+    monkeypatch.setattr(batched_step_module, "arena_rows",
+                        lambda steps, index: by_index.append(r := real(steps, index)) or r)
+    worst = 0.0
+    for round_ in range(5):
+        requests, expected = [], []
+        for s in sessions:
+            ids = torch.tensor([1, 2, 0]) if s.batch == 3 and round_ % 2 else NO_HYPO
+            hidden = torch.randn(s.batch, 1, TINY.hidden)
+            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
+            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
+            s.length += 1
+        for out, exp in zip(batched(requests), expected):
+            worst = max(worst, (out - exp).abs().max().item())
+    worst_cache = max(_cache_diff(backends, s) for s in sessions)
+    print(f"arena decode: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
+    assert by_index and all(r is not None for r in by_index)  # every block of every round went through the arena
+    rows = [row for slot, b, _ in layout for row in range(slot, slot + b)]
+    assert all(r[2] == rows for r in by_index)
+    ak, av = arenas[0]
+    probe = [SessionStep(torch.randn(b, 1, TINY.hidden), [(ak[slot:slot + b], av[slot:slot + b])], 4)
+             for slot, b, _ in layout]
+    plan = batched._span_step(tuple(backends))._gather_plan(probe, torch.zeros(1, TINY.hidden))
+    plan.set_rows(rows, torch.device("cpu"))
+    assert plan.in_place == in_place and (plan.span_index is None) == (exact or not in_place)
+    assert worst < TOL and worst_cache < TOL
+
+
+def test_arena_rows_recognises_only_slot_views(backends) -> None:
+    """Views of one arena's rows are recognised; another arena, an offset inside a row and a plain tensor are not."""
+    (ak, av), (bk, bv) = _arenas(backends, 4, 16)[:2]
+    one = torch.randn(1, 1, TINY.hidden)
+
+    def step(keys, values):
+        return SessionStep(one, [(keys, values)], 0)
+
+    rows = arena_rows([step(ak[2:3, :, :, :8], av[2:3, :, :8]), step(ak[0:2], av[0:2])], 0)
+    assert rows is not None and rows[2] == [2, 0, 1]
+    assert arena_rows([step(ak[2:3], av[2:3]), step(bk[0:1], bv[0:1])], 0) is None  # two arenas
+    assert arena_rows([step(ak[2:3, :, :, 4:8], av[2:3, :, 4:8])], 0) is None  # not at the row's start
+    assert arena_rows([step(ak[2:3].clone(), av[2:3].clone())], 0) is None  # not a view
 
 
 def test_gathered_falls_back_per_session(backends) -> None:
