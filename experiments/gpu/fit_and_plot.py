@@ -329,7 +329,8 @@ def fig9_figure(raw: dict, fit: dict, sheet: tuple | None):
 def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3, bins: int = 8):
     """tau_concurrency.png: (a) the decode step per block vs context for ``shown`` session counts c (the fewest,
     one between and the most) as the mean of each of ``bins`` context windows with the quartiles shaded (single
-    steps jump between two levels ±30 % apart, which drawn raw, or as medians of short windows, was a tangle); (b) prefill per block vs tokens; (c) eager vs CUDA graph."""
+    steps jump between two levels ±30 % apart, which drawn raw, or as medians of short windows, was a tangle);
+    (b) prefill per block vs tokens; (c) eager vs CUDA graph."""
     plt = _pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     graphs = fit.get("graphs_raw")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
@@ -51,18 +52,23 @@ def run(args) -> Summary:
     n_random = 100
     lambdas = [0.3, 0.6, 0.9] if args.quick else [0.2, 0.4, 0.6, 0.8, 0.9, 1.0]
     if replotting(args):  # the saved placements alone: no cluster is drawn (and no data folder needed)
-        rows = read_csv(args.out / "fig3.csv")
-        lambdas = sorted({r["arrival_rate"] for r in rows})
-        for r in rows:  # c·K is an integer wherever a placement met the rate (NaN where it missed)
-            if np.isfinite(r["objective"]):
-                r["objective"] = int(r["objective"])
-        return _report(args, rows, CASES, lambdas, n_random)
+        rows = saved_rows(args.out)
+        return _report(args, rows, CASES, sorted({r["arrival_rate"] for r in rows}), n_random)
     rng = run_seeds(args.seed, 1)[0]
     base = draw_cluster(DEFAULT.J, DEFAULT.eta, rng)
     cases = {"homogeneous": homogeneous(base), "heterogeneous": base}
     rows = _placements(cases, lambdas, n_random, rng)
     write_csv(args.out / "fig3.csv", rows)
     return _report(args, rows, cases, lambdas, n_random)
+
+
+def saved_rows(out: Path) -> list[dict]:
+    """fig3.csv read back: c·K an integer wherever a placement met the rate (NaN where it missed)."""
+    rows = read_csv(out / "fig3.csv")
+    for r in rows:
+        if np.isfinite(r["objective"]):
+            r["objective"] = int(r["objective"])
+    return rows
 
 
 def _placements(cases: dict[str, list[ServerSpec]], lambdas: list[float], n_random: int,

@@ -150,7 +150,8 @@ def limits_figure(checks: Mapping[str, LimitCheck], title: str):
     if any(c.lower_s is not None and not c.degenerate for c in checks.values()):
         handles.append(Patch(facecolor="0.8", edgecolor="0.5", label="Theorem 3.7 bounds (measured μ, c, λ)"))
     if any(c.degenerate for c in checks.values()):
-        handles.append(Line2D([], [], color="black", lw=2.5, label="bounds coincide: the exact M/M/c mean (one speed of chain)"))
+        handles.append(Line2D([], [], color="black", lw=2.5,
+                              label="bounds coincide: the exact M/M/c mean (one speed of chain)"))
     fig.legend(handles=handles, loc="outside upper center", ncol=2, frameon=False, fontsize=8)
     return fig
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from tqdm import tqdm
 
@@ -19,11 +21,7 @@ REPLOT = True  # `--replot` redraws mell_fig6.png and its summary from results/m
 def run(args) -> Summary:
     """Serve the same arrivals on POOL GPUs with and without migration for each setting and rate."""
     if replotting(args):
-        rows = read_csv(args.out / "mell_fig6.csv")
-        for r in rows:
-            r.update({"run": int(r["run"]), "migration": r["migration"] == "True", "completed": int(r["completed"]),
-                      "preemptions": int(r["preemptions"]), "migrations": int(r["migrations"])})
-        return _report(args, rows)
+        return _report(args, saved_rows(args.out))
     sc = scale(args.quick)
     horizon_s = 400.0 if args.quick else 1200.0
     rows = []
@@ -40,6 +38,15 @@ def run(args) -> Summary:
                              "preemptions": res.preemptions, "migrations": res.migrations})
     write_csv(args.out / "mell_fig6.csv", rows)
     return _report(args, rows)
+
+
+def saved_rows(out: Path) -> list[dict]:
+    """mell_fig6.csv read back with its integer and boolean columns as such."""
+    rows = read_csv(out / "mell_fig6.csv")
+    for r in rows:
+        r.update({"run": int(r["run"]), "migration": r["migration"] == "True", "completed": int(r["completed"]),
+                  "preemptions": int(r["preemptions"]), "migrations": int(r["migrations"])})
+    return rows
 
 
 def _cells(rows: list[dict]) -> list[tuple[str, str]]:

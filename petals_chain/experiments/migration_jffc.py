@@ -120,16 +120,23 @@ def _summarize(runs: dict[str, list], chains: list[dict], arrivals: np.ndarray, 
                                 "errors": errors[:5]})
 
 
-def replot(out: Path) -> Summary:
-    """migration-jffc.png again from the saved migration-jffc.csv (one row per request and policy) and
-    migration-jffc.json (its bound and summary lines, which are kept as they were)."""
+def saved_plot_data(out: Path) -> tuple[dict[str, list[float]], float, float, float, int, dict]:
+    """From the saved migration-jffc.csv and .json: the response times per policy, the bounds, the measured load,
+    the requests per policy and the JSON document itself."""
     saved = json.loads((out / f"{NAME}.json").read_text())
     rows = read_csv(out / f"{NAME}.csv")
     responses = {p: [r["response_s"] for r in rows if r["policy"] == p and not r["error"]] for p, _ in POLICIES}
     load = re.search(r"= (\d+\.\d+), while", " ".join(saved["lines"]))
     n = sum(r["policy"] == "none" for r in rows)
-    _plot(out / f"{NAME}.png", responses, saved["data"]["lower_bound_s"], saved["data"]["upper_bound_s"],
-          float(load.group(1)) if load else math.nan, n)
+    return (responses, saved["data"]["lower_bound_s"], saved["data"]["upper_bound_s"],
+            float(load.group(1)) if load else math.nan, n, saved)
+
+
+def replot(out: Path) -> Summary:
+    """migration-jffc.png again from the saved migration-jffc.csv (one row per request and policy) and
+    migration-jffc.json (its bound and summary lines, which are kept as they were)."""
+    responses, lower, upper, load, n, saved = saved_plot_data(out)
+    _plot(out / f"{NAME}.png", responses, lower, upper, load, n)
     return Summary(NAME, "JFFC with live migration vs plain JFFC vs the Theorem 3.7 lower bound", saved["command"],
                    saved["lines"], data=saved["data"])
 

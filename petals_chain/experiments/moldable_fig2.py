@@ -3,6 +3,8 @@ sub-linear speed-ups, in the mean-field, Halfin-Whitt and super-HW regimes (Exp 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from petals_chain.experiments.common import (Summary, checkpoint_path, figure, read_csv, replotting, save_figure,
                                              write_csv)
 from petals_chain.moldable import paper as P
@@ -19,9 +21,7 @@ REPLOT = True  # `--replot` redraws moldable_fig2.png and its summary from resul
 def run(args) -> Summary:
     """Sweep n (quick: 4 sizes, 2 runs of 10⁶ arrivals; full: 7 sizes, 10 runs of 5·10⁶)."""
     if replotting(args):
-        rows = read_csv(args.out / f"{NAME}.csv")
-        for r in rows:
-            r.update({k: int(r[k]) for k in ("n", "runs", "arrivals", "max_jobs_below_i1")})
+        rows = saved_rows(args.out)
         sizes, runs, arrivals = tuple(sorted({r["n"] for r in rows})), rows[0]["runs"], rows[0]["arrivals"]
         return _summary(args, rows, sizes, runs, arrivals)
     if args.quick:
@@ -51,6 +51,14 @@ def run(args) -> Summary:
                      "max_jobs_below_i1": max(r["max_jobs_below_i1"] for r in reps)})
     write_csv(args.out / f"{NAME}.csv", rows)
     return _summary(args, rows, sizes, runs, arrivals)
+
+
+def saved_rows(out: Path) -> list[dict]:
+    """moldable_fig2.csv read back with its integer columns as such."""
+    rows = read_csv(out / f"{NAME}.csv")
+    for r in rows:
+        r.update({k: int(r[k]) for k in ("n", "runs", "arrivals", "max_jobs_below_i1")})
+    return rows
 
 
 def _summary(args, rows: list[dict], sizes: tuple[int, ...], runs: int, arrivals: int) -> Summary:

@@ -146,6 +146,13 @@ def fit(calib: list[dict]) -> SpeedUp:
     return concave_hull([int(r["width"]) for r in calib], [r["tokens_per_s"] for r in calib])
 
 
+def saved_plot_data(out: Path) -> tuple[list[dict], SpeedUp, list[dict]]:
+    """From the saved CSVs: the calibration rows, the fitted s(k) and the per-load, per-policy summary rows."""
+    calib = read_csv(out / f"{NAME}_speedup.csv")
+    speedup = fit(calib)
+    return calib, speedup, _summarise(read_csv(out / f"{NAME}_sessions.csv"), speedup)
+
+
 def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int],
             reused: bool = False) -> Summary:
     """Fit, summarise, write the CSVs (not when replotting) and the PNG; the Summary for results/README.md."""

@@ -92,7 +92,7 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
     paths["md"] = out_dir / f"{stem}.md"
     paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
     paths["png"] = plot(out_dir / f"{stem}.png", stats, results)
-    limits = _limit_checks(infos, results)
+    limits = limit_checks(infos, results)
     if limits:  # the distance to the limit of every JFFC replay (fixed chains)
         paths["limit"] = plot_limits(out_dir / f"{stem}_limit.png", limits, LIMIT_TITLE)
     paths["json"] = out_dir / f"{stem}_details.json"
@@ -227,7 +227,7 @@ def _read_saved(out_dir: Path, stem: str) -> tuple[dict[str, Any], dict[str, lis
     return saved, records, samples
 
 
-def _limit_checks(infos: dict[str, dict[str, Any]], results: dict[str, ReplayResult]) -> dict[str, LimitCheck]:
+def limit_checks(infos: dict[str, dict[str, Any]], results: dict[str, ReplayResult]) -> dict[str, LimitCheck]:
     """The distance-to-the-limit check of every replayed method that has one, with the 95 % interval of its mean
     response from its records (outputs written before the interval was kept lack it)."""
     out = {}
@@ -244,8 +244,8 @@ def _limit_checks(infos: dict[str, dict[str, Any]], results: dict[str, ReplayRes
 LIMIT_TITLE = "measured mean response vs the Theorem 3.7 bounds of the measured chains"
 
 
-def replot(out_dir: Path, stem: str = "table1") -> list[Path]:
-    """STEM.png and STEM_limit.png again from a finished replay's saved outputs, nothing else rewritten."""
+def load_saved(out_dir: Path, stem: str = "table1") -> tuple[dict, dict[str, ReplayResult], dict]:
+    """``(stats, results, infos)`` of every method in a finished replay's saved outputs, whatever its plan."""
     from petals_chain.experiments.replay import summarize
 
     saved, records, samples = _read_saved(out_dir, stem)
@@ -253,9 +253,14 @@ def replot(out_dir: Path, stem: str = "table1") -> list[Path]:
     results = {m: ReplayResult(m, recs, np.asarray(samples.get(m, []), dtype=float).reshape(-1, 2),
                                infos.get(m, {}).get("wall_s", max(r.end_s for r in recs)))
                for m, recs in records.items()}
-    stats = {m: summarize(recs) for m, recs in records.items()}
+    return {m: summarize(recs) for m, recs in records.items()}, results, infos
+
+
+def replot(out_dir: Path, stem: str = "table1") -> list[Path]:
+    """STEM.png and STEM_limit.png again from a finished replay's saved outputs, nothing else rewritten."""
+    stats, results, infos = load_saved(out_dir, stem)
     paths = [plot(out_dir / f"{stem}.png", stats, results)]
-    limits = _limit_checks(infos, results)
+    limits = limit_checks(infos, results)
     if limits:
         paths.append(plot_limits(out_dir / f"{stem}_limit.png", limits, LIMIT_TITLE))
     return paths
