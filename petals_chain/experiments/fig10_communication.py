@@ -17,7 +17,7 @@ import numpy as np
 
 from petals_chain.experiments import profile_figs as pf
 from petals_chain.experiments.common import Summary, save_figure, write_csv
-from petals_chain.experiments.fig9_computation import KIND_COLOURS, load_for
+from petals_chain.experiments.fig9_computation import KIND_COLOURS, load_for, scatter_nonnegative
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 
 PAPER = ["communication time does not depend on the GPU type or the number of blocks",
@@ -78,14 +78,8 @@ def figure(rows: Sequence[dict[str, Any]], base: tuple[int, int]):
                 if not kr:
                     continue
                 colour = KIND_COLOURS[kind]
-                pos = [r for r in kr if r["measured_s"] >= 0]
-                neg = [r for r in kr if r["measured_s"] < 0]
-                negative += len(neg)
-                ax.scatter([r["x"] for r in pos], [r["measured_s"] for r in pos], s=14, marker=markers[series],
-                           color=colour, alpha=0.5)
-                if neg:
-                    ax.scatter([r["x"] for r in neg], [0.0] * len(neg), s=22, marker="v", facecolors="none",
-                               edgecolors=colour, clip_on=False)
+                negative += scatter_nonnegative(ax, [r["x"] for r in kr], [r["measured_s"] for r in kr], colour,
+                                                s=14, marker=markers[series], alpha=0.5)
                 xs = sorted({r["x"] for r in kr})
                 for col, ls in (("fit_model_s", "-"), ("paper_model_s", "--")):
                     ax.plot(xs, [np.mean([r[col] for r in kr if r["x"] == x]) for x in xs], ls=ls, lw=1.2,
