@@ -3,6 +3,7 @@
 # composition (at its design rate, c = 35) vs proposed, replaying the Azure code trace.
 #   experiments/table1.sh [--quick] [--requests N] [--load 0.25] [--methods petals,proposed] [--testbed T] [--profile F]
 #   experiments/table1.sh --regime        # the regime report only: each ratio next to the paper's (no root needed)
+#   python -m petals_chain.experiments.table1 --replot [--out DIR] [--stem S]   # redraw the PNGs from saved outputs
 # Needs root (network namespaces) and the SmolLM2 checkpoint (scripts/prepare_model.sh). Uses the fitted profile
 # results/profile/cpu-emulated-regime.json (testbed experiments/testbeds/cpu_emulated_regime.yaml); if it is missing,
 # profiles the testbed first

@@ -242,13 +242,20 @@ def write_device(path: Path, raw: dict, fit: dict, mem: dict | None, sheet: tupl
     return doc
 
 
-def plots(d: Path, raw: dict, fit: dict, mem: dict | None, sheet: tuple | None) -> None:
-    """fig9_gpu.png, tau_concurrency.png, memory_sizing.png."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def fig9_figure(raw: dict, fit: dict, sheet: tuple | None):
+    """fig9_gpu.png: computation time vs blocks, input length and output length, points measured, the fit solid,
+    the datasheet formula dotted; each panel's legend below it, clear of the points."""
+    plt = _pyplot()
     f = fit["c1"]["fit"]["per_job_t_o"]
     form = fit.get("formula")
 
@@ -259,7 +266,7 @@ def plots(d: Path, raw: dict, fit: dict, mem: dict | None, sheet: tuple | None) 
     dec = {r["m"]: r for r in raw["decode"] if r["c"] == 1}
     ms_all = sorted({m for m, _ in pre})
     lins = sorted({lin for _, lin in pre})
-    fig, ax = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, ax = plt.subplots(1, 3, figsize=(16, 5.6), layout="constrained")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     # (a) vs number of blocks
     lin0 = min(dec.values(), key=lambda r: r["m"])["l_in"] if dec else lins[0]
@@ -313,37 +320,45 @@ def plots(d: Path, raw: dict, fit: dict, mem: dict | None, sheet: tuple | None) 
         a.plot([], [], "k-", lw=1, label="fit t_o + m(t_in l_in + t_out(l_out−1))")
         if form:
             a.plot([], [], "k:", lw=1.2, label=f"formula: F/f, s_m/b ({sheet[0] if sheet else 'datasheet'})")
-        a.legend(fontsize=7)
+        a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # below: not over the points
     fig.suptitle(f"τp on {raw['gpu'].get('name', raw['gpu']['device_type'])}, LLaMA-2-7B blocks, {raw['dtype']}, "
                  f"eager PyTorch; points measured, lines fitted / datasheet formula")
-    fig.tight_layout()
-    fig.savefig(d / "fig9_gpu.png", dpi=130)
-    plt.close(fig)
+    return fig
 
-    # concurrency
+
+def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3, bins: int = 8):
+    """tau_concurrency.png: (a) the decode step per block vs context for ``shown`` session counts c (the fewest,
+    one between and the most) as the mean of each of ``bins`` context windows with the quartiles shaded (single
+    steps jump between two levels ±30 % apart, which drawn raw, or as medians of short windows, was a tangle);
+    (b) prefill per block vs tokens; (c) eager vs CUDA graph."""
+    plt = _pyplot()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     graphs = fit.get("graphs_raw")
-    fig, ax = plt.subplots(1, 3 if graphs else 2, figsize=(18 if graphs else 12, 4.8))
+    fig, ax = plt.subplots(1, 3 if graphs else 2, figsize=(18 if graphs else 12, 5.6), layout="constrained")
     cs = sorted({r["c"] for r in raw["decode"]})
-    for k, c in enumerate(cs):
-        rs = [r for r in raw["decode"] if r["c"] == c]
-        if not rs:
-            continue
-        r = max(rs, key=lambda r: r["m"])
-        st = np.array(r["steps_s"]) / r["m"]
-        w = max(1, len(st) // 64)
-        n = len(st) // w * w
-        ctx = r["l_in"] + np.arange(n).reshape(-1, w).mean(1)
-        ax[0].plot(ctx, np.median(st[:n].reshape(-1, w), 1) * 1e3, "-", color=colors[k % 10],
-                   label=f"c={c} (m={r['m']})")
-    if sheet:
+    picked = sorted({cs[0], cs[len(cs) // 2], cs[-1]})[:shown] if cs else []
+    for c in picked:
+        k = cs.index(c)
+        r = max((r for r in raw["decode"] if r["c"] == c), key=lambda r: r["m"])
+        st = np.array(r["steps_s"]) / r["m"] * 1e3
+        ctx = r["l_in"] + np.arange(st.size)
+        edges = np.linspace(ctx[0], ctx[-1] + 1, bins + 1)
+        which = np.clip(np.digitize(ctx, edges) - 1, 0, bins - 1)
+        mid = [(edges[i] + edges[i + 1]) / 2 for i in range(bins) if np.any(which == i)]
+        q = np.array([np.percentile(st[which == i], (25, 75)) for i in range(bins) if np.any(which == i)])
+        mean = [float(np.mean(st[which == i])) for i in range(bins) if np.any(which == i)]
+        ax[0].fill_between(mid, q[:, 0], q[:, 1], color=colors[k % 10], alpha=0.2, lw=0)
+        ax[0].plot(mid, mean, "o-", ms=4, color=colors[k % 10], label=f"c={c} (m={r['m']}): mean, quartiles")
+    if sheet and picked:
         s_m = raw["block_bytes"]
         kv = raw["cache_bytes_per_block_session_token"]
         xx = np.linspace(raw["decode"][0]["l_in"], max(r["l_in"] + len(r["steps_s"]) for r in raw["decode"]), 20)
-        ax[0].plot(xx, np.full_like(xx, s_m / sheet[2] * 1e3), "k:", label="s_m/b (datasheet)")
-        for k, c in enumerate(cs):
-            ax[0].plot(xx, (s_m + c * kv * xx) / sheet[2] * 1e3, ":", color=colors[k % 10], lw=0.8)
-    ax[0].set(xlabel="context length (tokens)", ylabel="decode step per block (ms)",
-              title="decode: step time per block vs context, c sessions batched\n(dotted: (s_m + c·KV bytes)/b)")
+        for c in picked:
+            ax[0].plot(xx, (s_m + c * kv * xx) / sheet[2] * 1e3, ":", color=colors[cs.index(c) % 10], lw=1.2)
+        ax[0].plot([], [], "k:", label="datasheet: (s_m + c·KV bytes)/b")
+    ax[0].set(xlabel="context length (tokens)", ylabel="decode step per block (ms)", ylim=(0, None),
+              title=f"decode: step time per block vs context\n(c sessions batched; {len(cs)} values of c measured, "
+                    f"{len(picked)} shown)")
     for k, c in enumerate(sorted({r["c"] for r in raw["prefill"]})):
         m = max(r["m"] for r in raw["prefill"] if r["c"] == c)
         rs = sorted((r["l_in"], r["median_s"]) for r in raw["prefill"] if r["c"] == c and r["m"] == m)
@@ -372,28 +387,41 @@ def plots(d: Path, raw: dict, fit: dict, mem: dict | None, sheet: tuple | None) 
                   title="decode step of 32 blocks: eager vs CUDA graph\n(dotted: (s_m + c·KV bytes)/b, datasheet b)")
     for a in ax:
         a.grid(True, which="both", alpha=0.3)
-        a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(d / "tau_concurrency.png", dpi=130)
-    plt.close(fig)
+        a.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)  # below: not over the data
+    return fig
 
+
+def memory_figure(mem: dict):
+    """memory_sizing.png: measured memory against s_m·k + s_c·k·c."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    rows = mem["rows"]
+    p = np.array([r["predicted_gib"] for r in rows])
+    ax.plot(p, [r["static_gib"] for r in rows], "o", label="allocated: weights + cache (static)")
+    keys = sorted({k for r in rows for k in r if k.startswith("prefill_") and k.endswith("_extra_gib")})
+    for key in keys:
+        ax.plot(p, [r["static_gib"] + r[key] for r in rows], "^",
+                label=f"peak allocated during a {key.split('_')[1]}-token prefill")
+    ax.plot(p, [r["device_used_gib"] for r in rows], "s", mfc="none", label="device memory used (driver)")
+    lim = [0, max(r["device_used_gib"] for r in rows) * 1.05]
+    ax.plot(lim, lim, "k-", lw=0.8, label="measured = s_m·k + s_c·k·c")
+    ax.set(xlabel="predicted s_m·k + s_c·k·c (GiB)", ylabel="measured (GiB)", xlim=lim, ylim=lim,
+           title=f"memory sizing, k blocks × c sessions × {mem['tokens_per_session']} tokens")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plots(d: Path, raw: dict, fit: dict, mem: dict | None, sheet: tuple | None) -> None:
+    """fig9_gpu.png, tau_concurrency.png, memory_sizing.png."""
+    plt = _pyplot()
+    for name, fig in (("fig9_gpu.png", fig9_figure(raw, fit, sheet)),
+                      ("tau_concurrency.png", concurrency_figure(raw, fit, sheet))):
+        fig.savefig(d / name, dpi=130)
+        plt.close(fig)
     if mem and mem["rows"] and "static_gib" in mem["rows"][0]:
-        fig, ax = plt.subplots(figsize=(6.5, 5))
-        rows = mem["rows"]
-        p = np.array([r["predicted_gib"] for r in rows])
-        ax.plot(p, [r["static_gib"] for r in rows], "o", label="allocated: weights + cache (static)")
-        keys = sorted({k for r in rows for k in r if k.startswith("prefill_") and k.endswith("_extra_gib")})
-        for key in keys:
-            ax.plot(p, [r["static_gib"] + r[key] for r in rows], "^",
-                    label=f"peak allocated during a {key.split('_')[1]}-token prefill")
-        ax.plot(p, [r["device_used_gib"] for r in rows], "s", mfc="none", label="device memory used (driver)")
-        lim = [0, max(r["device_used_gib"] for r in rows) * 1.05]
-        ax.plot(lim, lim, "k-", lw=0.8, label="measured = s_m·k + s_c·k·c")
-        ax.set(xlabel="predicted s_m·k + s_c·k·c (GiB)", ylabel="measured (GiB)", xlim=lim, ylim=lim,
-               title=f"memory sizing, k blocks × c sessions × {mem['tokens_per_session']} tokens")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
+        fig = memory_figure(mem)
         fig.savefig(d / "memory_sizing.png", dpi=130)
         plt.close(fig)
 
@@ -403,12 +431,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", required=True, help="folder with tau_raw.json (and memory_raw.json); outputs go there")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--plots-only", action="store_true",
+                    help="redraw the PNGs from the fit.json already in --dir, writing nothing else (no refit)")
     args = ap.parse_args(argv)
     d = Path(args.dir)
     raw = json.loads((d / "tau_raw.json").read_text())
     mem_raw = json.loads((d / "memory_raw.json").read_text()) if (d / "memory_raw.json").exists() else None
     name = raw["gpu"].get("name", "cpu")
     sheet = datasheet(name)
+    if args.plots_only:
+        if not (d / "fit.json").is_file():
+            print(f"error: --plots-only: {d / 'fit.json'} is missing (run without --plots-only first)", file=sys.stderr)
+            return 2
+        saved = json.loads((d / "fit.json").read_text())
+        graphs = d / "tau_graphs_raw.json"
+        graphs_raw = json.loads(graphs.read_text()) if saved.get("graphs") and graphs.exists() else None
+        plots(d, raw, {**saved, "graphs_raw": graphs_raw}, saved.get("memory"), sheet)
+        return 0
     F = raw["shape"]["matmul_flops_per_token"]
     s_m = raw["block_bytes"]
     fit: dict = {"gpu": name, "dtype": raw["dtype"], "F_flops_per_block_token": F, "s_m_bytes": s_m}

@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=REPO / "results", help="output folder (default: results/)")
     p.add_argument("--replot", action="store_true",
-                   help="redraw the PNG (and README section) from the saved CSV without simulating (fig3, fig5, fig6)")
+                   help="redraw the PNG (and README section) from the saved CSV without simulating (the experiments "
+                        "that can: see the error for any other)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
     p.add_argument("--cells", type=grid_cell, nargs="+", default=None, metavar="J:ETA",
                    help="fig8: only these (J, η) cells of its grid (e.g. 10:0.4), with the seeds they have in the "
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cannot = [n for n in names if args.replot and not getattr(load(n), "REPLOT", False)]
     if cannot:
-        print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results (fig3, fig5, fig6, fig8 can)",
+        can = [n for n in EXPERIMENTS if getattr(load(n), "REPLOT", False)]
+        print(f"error: --replot: {', '.join(cannot)} cannot redraw from saved results ({', '.join(can)} can)",
               file=sys.stderr)
         return 2
     if (args.cells or args.methods) and names != ["fig8"]:

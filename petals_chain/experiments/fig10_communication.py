@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments import profile_figs as pf
-from petals_chain.experiments.common import Summary, plt, save_figure, write_csv
-from petals_chain.experiments.fig9_computation import KIND_COLOURS, load_for
+from petals_chain.experiments.common import Summary, save_figure, write_csv
+from petals_chain.experiments.fig9_computation import KIND_COLOURS, load_for, scatter_nonnegative
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 
 PAPER = ["communication time does not depend on the GPU type or the number of blocks",
@@ -42,36 +42,69 @@ def panels(samples: Sequence[StepSample], fits: dict[str, ServerFit], num_blocks
     return out
 
 
-def draw(path: Path, fit_data: dict[str, list[pf.Point]], paper_data: dict[str, list[pf.Point]],
-         fits: dict[str, ServerFit], errors: dict[str, pf.PanelError], base: tuple[int, int]) -> Path:
-    """Three panels; measured points by kind (circles first token, squares the rest), fit solid, paper dashed."""
-    pyplot = plt()
-    kinds = pf.kind_of(fits)
-    fig, axes = pyplot.subplots(1, 3, figsize=(15, 4.6))
+def csv_rows(fit_data: dict[str, list[pf.Point]], paper_data: dict[str, list[pf.Point]],
+             kinds: dict[str, str]) -> list[dict[str, Any]]:
+    """fig10.csv's rows: one per measured point, with the fit's and the paper's model next to it."""
+    return [{"series": k, "server": p.server, "kind": kinds[p.server], "x": p.x, "measured_s": p.measured_s,
+             "fit_model_s": p.model_s, "paper_model_s": q.model_s}
+            for k in fit_data for p, q in zip(fit_data[k], paper_data[k])]
+
+
+def figure(rows: Sequence[dict[str, Any]], base: tuple[int, int]):
+    """Three panels (vs output, input, blocks) from fig10.csv's rows: measured points by server kind (colour) and
+    series (marker: first token, the rest, the whole job), the per-server fit solid, the paper's model dashed.
+
+    Communication is inferred (step time − fitted computation) and comes out below 0 where the computation's
+    noise is larger than the round trip: such points are drawn at 0 as open downward triangles and counted in
+    the caption, never below the axis as if a negative time had been measured."""
+    from matplotlib.lines import Line2D
+
+    from petals_chain.experiments.common import figure as new_figure
+
+    fig, axes = new_figure(1, 3, figsize=(15, 5.2))
     markers = {"first": "o", "rest": "s", "job": "^"}
-    for ax, axis in zip(axes, ("output", "input", "blocks")):
-        keys = [k for k in fit_data if k.endswith(f"@ {axis}")]
+    names = {"first": "first token", "rest": "the rest", "job": "whole job"}
+    negative = 0
+    for ax, axis in zip(axes[0], ("output", "input", "blocks")):
+        keys = list(dict.fromkeys(r["series"] for r in rows if r["series"].endswith(f"@ {axis}")))
+        errs = []
         for key in keys:
             series = key.split(" @ ")[0]
+            mine = [r for r in rows if r["series"] == key]
+            pts = [pf.Point(r["server"], r["x"], r["measured_s"], r["fit_model_s"]) for r in mine]
+            errs.append(f"{names[series]} {100 * pf.panel_error(pts).rel_rmse:.0f} %")
             for kind in ("high end", "low end"):
-                pts = [p for p in fit_data[key] if kinds[p.server] == kind]
-                if not pts:
+                kr = [r for r in mine if r["kind"] == kind]
+                if not kr:
                     continue
-                ax.scatter([p.x for p in pts], [p.measured_s for p in pts], s=14, marker=markers[series],
-                           color=KIND_COLOURS[kind], alpha=0.5, label=f"{series}, measured, {kind}")
-                xs = sorted({p.x for p in pts})
-                for data, ls, what in ((fit_data, "-", "fit"), (paper_data, "--", "paper model")):
-                    mine = [p for p in data[key] if kinds[p.server] == kind]
-                    ax.plot(xs, [np.mean([p.model_s for p in mine if p.x == x]) for x in xs], ls=ls, lw=1,
-                            color=KIND_COLOURS[kind], label=f"{series}, {what}, {kind}")
-        err = "; ".join(f"{k.split(' @ ')[0]}: fit {100 * errors[k].rel_rmse:.0f} %" for k in keys)
+                colour = KIND_COLOURS[kind]
+                negative += scatter_nonnegative(ax, [r["x"] for r in kr], [r["measured_s"] for r in kr], colour,
+                                                s=14, marker=markers[series], alpha=0.5)
+                xs = sorted({r["x"] for r in kr})
+                for col, ls in (("fit_model_s", "-"), ("paper_model_s", "--")):
+                    ax.plot(xs, [np.mean([r[col] for r in kr if r["x"] == x]) for x in xs], ls=ls, lw=1.2,
+                            color=colour)
         xl = {"output": f"output length l_out (m=L, l_in={base[0]})", "input": f"input length l_in (m=L, "
               f"l_out={base[1]})", "blocks": f"blocks m (l_in={base[0]}, l_out={base[1]})"}[axis]
-        ax.set(xlabel=xl, ylabel="communication (s)", title=f"vs {axis}\nrel. RMSE {err}")
-        ax.legend(fontsize=6, ncol=2)
-    fig.suptitle("Fig 10 on the CPU-emulated testbed: communication = step time − fitted computation "
-                 "(first token: the prefill step; rest: the decode steps)", fontsize=10)
-    return save_figure(fig, path)
+        ax.set(xlabel=xl, ylabel="communication (s)", title=f"vs {axis}\nfit's rel. RMSE: {'; '.join(errs)}")
+        ax.set_ylim(bottom=0)
+    handles = [Line2D([], [], ls="", marker="s", ms=8, color=c, label=k) for k, c in KIND_COLOURS.items()]
+    handles += [Line2D([], [], ls="", marker=m, color="gray", alpha=0.7, label=f"measured, {names[s]}")
+                for s, m in markers.items()]
+    handles += [Line2D([], [], ls="-", color="gray", label="per-server fit"),
+                Line2D([], [], ls="--", color="gray", label="paper's model (RTT + 18 ms per round trip)"),
+                Line2D([], [], ls="", marker="v", mfc="none", color="gray", label="inferred below 0 s, drawn at 0")]
+    fig.legend(handles=handles, loc="outside upper center", ncol=5, frameon=False, fontsize=9)
+    fig.supxlabel("Fig 10 on the CPU-emulated testbed: communication = step time − fitted computation (first token: "
+                  "the prefill step; the rest: the decode steps).\n"
+                  f"{negative} of {len(rows)} inferred values are below 0 s (the computation's run-to-run noise "
+                  "exceeds the round trip there); they are drawn at 0 s as open triangles.", fontsize=9)
+    return fig
+
+
+def draw(path: Path, rows: Sequence[dict[str, Any]], base: tuple[int, int]) -> Path:
+    """Draw :func:`figure` to ``path`` (fig10.png)."""
+    return save_figure(figure(rows, base), path)
 
 
 def run(args: Any) -> Summary:
@@ -82,11 +115,9 @@ def run(args: Any) -> Summary:
     errors = {k: pf.panel_error(v) for k, v in fit_data.items()}
     paper_errors = {k: pf.panel_error(v) for k, v in paper_data.items()}
     kinds = pf.kind_of(profile.fits)
-    write_csv(args.out / "fig10.csv", [
-        {"series": k, "server": p.server, "kind": kinds[p.server], "x": p.x, "measured_s": p.measured_s,
-         "fit_model_s": p.model_s, "paper_model_s": q.model_s}
-        for k in fit_data for p, q in zip(fit_data[k], paper_data[k])])
-    draw(args.out / "fig10.png", fit_data, paper_data, profile.fits, errors, base)
+    rows = csv_rows(fit_data, paper_data, kinds)
+    write_csv(args.out / "fig10.csv", rows)
+    draw(args.out / "fig10.png", rows, base)
     lines = []
     for k in fit_data:
         lines.append(f"{k}: fit: {errors[k].describe()}")

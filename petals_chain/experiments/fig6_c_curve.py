@@ -57,7 +57,8 @@ def run(args) -> Summary:
         agg[key] = [mean_ci([row[key] for row in rows if row["c"] == c and np.isfinite(row[key])]) for c in cs]
     picks = {key: cs[int(np.nanargmin([m for m, _ in agg[key]]))] for key in agg}
     pyplot = plt()
-    fig, (ax, zoom) = pyplot.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, zoom) = pyplot.subplots(1, 2, figsize=(13, 5.6), gridspec_kw={"width_ratios": [3, 2]},
+                                      layout="constrained")
     labels = {"surrogate_s": "surrogate c·K(c)/λ", "lower_s": "Thm 3.7 lower bound",
               "upper_s": "Thm 3.7 upper bound", "sim_s": "simulated JFFC, 95 % CI"}
     styles = {"surrogate_s": dict(color="C1", ls="-", marker="s", ms=3, lw=1.2),
@@ -86,8 +87,7 @@ def run(args) -> Summary:
     ax.set_ylabel("mean response time (s, log scale)")
     ax.set_title("all c (log axis)")
     fig.suptitle(f"Fig. 6: BLOOM-176B, J={DEFAULT.J}, η={DEFAULT.eta}, λ={DEFAULT.arrival_rate}/s ({runs} clusters)")
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
-    fig.tight_layout()
+    fig.legend(fontsize=9, loc="outside lower center", ncol=4, frameon=False)  # inside, it covered the surrogate
     fig.savefig(args.out / "fig6.png")
     pyplot.close(fig)
     sim = dict(zip(cs, (m for m, _ in agg["sim_s"])))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.compose.method_table import METHODS
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, read_csv, replotting, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, read_csv, replotting, save_figure, write_csv
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError, SpecError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
@@ -114,57 +114,79 @@ def reductions(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ..
     return out
 
 
-def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...], runs: int, path) -> None:
-    """One panel per J: grouped bars over η, one per method (95 % CI whiskers); bars far above the proposed
-    scheme's (an overloaded PETALS) are cut at the top of the axis and labelled with their value."""
-    pyplot = plt()
-    shown = [m for m in METHODS if any(r["method"] == m and r["feasible_runs"] for r in agg)]
-    never = [m for m in METHODS if m not in shown]
-    fig, axes = pyplot.subplots(1, len(Js), figsize=(3.4 * len(Js) + 1, 4.0), sharey=True, squeeze=False)
-    width = 0.8 / max(len(shown), 1)
-    colors = {"proposed": "tab:green", "jffc_only": "tab:purple", "petals": "tab:red", "bprr": "tab:blue",
-              "bprr_oracle": "lightsteelblue"}
-    spare = iter(("tab:orange", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray"))
-    colors |= {m: next(spare, "black") for m in METHODS if m not in colors}  # methods added to the table later
-    prop = [r["mean_response_s"] for r in agg if r["method"] == "proposed" and r["feasible_runs"]]
-    cap = 2.0 * max(prop) if prop else None
-    for ax, J in zip(axes[0], Js):
-        for k, method in enumerate(shown):
-            xs, ys, es = [], [], []
-            for i, eta in enumerate(etas):
-                r = next(r for r in agg if r["J"] == J and r["eta"] == eta and r["method"] == method)
-                x = i + (k - (len(shown) - 1) / 2) * width
-                if r["feasible_runs"] == 0:
-                    ax.text(x, 0.01, "×", transform=ax.get_xaxis_transform(), ha="center", color=colors[method])
-                    continue
-                y, e = r["mean_response_s"], (0.0 if math.isnan(r["ci95_half_s"]) else r["ci95_half_s"])
-                if cap is not None and y > cap:
-                    ax.bar(x, cap, width, color=colors[method], hatch="//", edgecolor="white")
-                    ax.text(x, 0.97 * cap, f"{y:.0f} s", rotation=90, ha="center", va="top", fontsize=7, color="white")
-                    continue
-                xs.append(x)
-                ys.append(y)
-                es.append(e)
-            ax.bar(xs, ys, width, yerr=es, capsize=2, color=colors[method])
-        ax.set_xticks(range(len(etas)))
-        ax.set_xticklabels([f"{e:g}" for e in etas])
-        ax.set_xlabel("η (fraction of high-end servers)")
-        ax.set_title(f"J = {J} servers")
-        if cap is not None:
-            ax.set_ylim(0, cap)
-    axes[0][0].set_ylabel("mean response time (s)")
+# The two rows of fig8.png: the paper's comparison (its baselines) and the proposed scheme's own variants; seven
+# bars a group in one row could not be told apart.
+ROWS = (("vs the baselines", ("proposed", "petals", "petals_capped", "bprr", "bprr_oracle", "jffc_only")),
+        ("vs its own variants", ("proposed", "paper", "max-chains")))
+COLORS = {"proposed": "tab:green", "jffc_only": "tab:purple", "petals": "tab:red", "petals_capped": "tab:pink",
+          "bprr": "tab:blue", "bprr_oracle": "lightsteelblue", "paper": "tab:orange", "max-chains": "tab:brown"}
+
+
+def figure(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...], runs: int):
+    """One column per J, one row per group of methods (ROWS): bars over η with 95 % CI whiskers.
+
+    A cell where any run was overloaded (completions below OVERLOAD_RATIO of arrivals: the queue grows for the
+    whole run, so its mean response has no steady-state value and grows with the run's length) gets no bar but
+    the words "overloaded n/runs"; a cell with no feasible run says "infeasible"."""
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colors[m], label=METHODS[m].legend) for m in shown]
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(shown), 4), frameon=False)
-    note = f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per bar, whiskers 95 % CI; × infeasible; " \
-           "hatched: cut, value written"
+    from petals_chain.experiments.common import figure as new_figure
+
+    by = {(r["J"], r["eta"], r["method"]): r for r in agg}
+    feasible = {m for m in METHODS if any(r["method"] == m and r["feasible_runs"] for r in agg)}
+    never = [m for m in METHODS if m not in feasible]
+    rows = [(title, [m for m in ms if m in feasible]) for title, ms in ROWS]
+    rows += [("other methods", [m for m in METHODS if m in feasible and all(m not in ms for _, ms in ROWS)])]
+    rows = [(title, ms) for title, ms in rows if ms]
+    colors = COLORS | {m: "tab:gray" for m in METHODS if m not in COLORS}
+    fig, axes = new_figure(len(rows), len(Js), figsize=(3.3 * len(Js) + 1.2, 3.2 * len(rows) + 1.4),
+                           sharey="row")
+    prop = [r["mean_response_s"] for r in agg if r["method"] == "proposed" and r["feasible_runs"]
+            and not r["overloaded_runs"]]
+    cap = 3.0 * max(prop) if prop else None  # a finite mean far above the proposed scheme's is cut and written
+    for row, (title, methods) in enumerate(rows):
+        width = 0.8 / len(methods)
+        for ax, J in zip(axes[row], Js):
+            for k, method in enumerate(methods):
+                for i, eta in enumerate(etas):
+                    r = by[(J, eta, method)]
+                    x = i + (k - (len(methods) - 1) / 2) * width
+                    if r["feasible_runs"] == 0 or r["overloaded_runs"]:
+                        word = "infeasible" if r["feasible_runs"] == 0 else \
+                            f"overloaded {int(r['overloaded_runs'])}/{int(r['runs'])}"
+                        ax.text(x, 0.02, word, transform=ax.get_xaxis_transform(), rotation=90, ha="center",
+                                va="bottom", fontsize=7, color="black")
+                        continue
+                    y = r["mean_response_s"]
+                    e = 0.0 if math.isnan(r["ci95_half_s"]) else r["ci95_half_s"]
+                    if cap is not None and y + e > cap:
+                        ax.bar(x, cap, width, color=colors[method], hatch="//", edgecolor="black")
+                        ax.text(x, 0.5 * cap, f"{y:.0f} s (cut)", rotation=90, ha="center", va="center",
+                                fontsize=7, color="black", bbox={"facecolor": "white", "lw": 0, "pad": 1})
+                        continue
+                    ax.bar(x, y, width, yerr=e, capsize=2, color=colors[method], edgecolor="white", lw=0.3)
+            ax.set_xticks(range(len(etas)), [f"{e:g}" for e in etas])
+            ax.grid(axis="x", visible=False)
+            if row == 0:
+                ax.set_title(f"J = {J} servers")
+            if row == len(rows) - 1:
+                ax.set_xlabel("η (fraction of high-end servers)")
+        axes[row][0].set_ylabel(f"({'abc'[row]}) {title}\nmean response time (s)")
+    shown = list(dict.fromkeys(m for _, ms in rows for m in ms))
+    fig.legend(handles=[Patch(color=colors[m], label=METHODS[m].legend) for m in shown], loc="outside upper center",
+               ncol=min(len(shown), 3), frameon=False, fontsize=9)
+    note = (f"BLOOM-176B, λ={DEFAULT.arrival_rate}/s, {runs} runs per cell, whiskers 95 % CI. \"overloaded n/{runs}\": "
+            f"in n runs fewer than {OVERLOAD_RATIO:.0%} of the arrivals completed, so the queue grows and the mean "
+            "has no steady-state value: no bar")
     if never:
         note += "; infeasible everywhere: " + ", ".join(METHODS[m].legend for m in never)
-    fig.text(0.5, 0.01, note, ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.84 if len(shown) > 4 else 0.92))
-    fig.savefig(path)
-    pyplot.close(fig)
+    fig.supxlabel(note, fontsize=8, wrap=True)
+    return fig
+
+
+def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...], runs: int, path) -> None:
+    """Draw :func:`figure` to ``path`` (fig8.png)."""
+    save_figure(figure(agg, Js, etas, runs), path)
 
 
 def _fmt(x: float) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain.experiments import profile_figs as pf
-from petals_chain.experiments.common import REPO, Summary, plt, save_figure, write_csv
+from petals_chain.experiments.common import REPO, Summary, figure, save_figure, write_csv
 from petals_chain.launch.profile_fit import FULL_GRID, ServerFit, StepSample
 from petals_chain.model import SpecError
 
@@ -23,6 +23,18 @@ DEFAULT_STEM = REPO / "results" / "profile" / "cpu-emulated-regime-full"  # all 
 KIND_COLOURS = {"high end": "tab:blue", "low end": "tab:orange"}
 PAPER = ["computation time grows linearly with the number of blocks a server runs",
          "prefill time grows linearly with the input length; decode time linearly with the output length"]
+
+
+def scatter_nonnegative(ax: Any, xs: Sequence[float], ys: Sequence[float], colour: Any, **kw: Any) -> int:
+    """Scatter inferred times (a step time minus a fitted part): values below 0 s, where the run-to-run noise of
+    the step exceeds the part inferred, are drawn at 0 s as open downward triangles instead of below the axis as if
+    a negative time had been measured; returns how many there were (for the caption)."""
+    pos = [(x, y) for x, y in zip(xs, ys) if y >= 0]
+    neg = [x for x, y in zip(xs, ys) if y < 0]
+    ax.scatter([x for x, _ in pos], [y for _, y in pos], color=colour, **kw)
+    if neg:
+        ax.scatter(neg, [0.0] * len(neg), s=22, marker="v", facecolors="none", edgecolors=colour, clip_on=False)
+    return len(neg)
 
 
 def load_stem(stem: Path = DEFAULT_STEM) -> tuple[Any, list[StepSample]]:
@@ -56,9 +68,10 @@ def panels(samples: Sequence[StepSample], fits: dict[str, ServerFit], num_blocks
 def draw(path: Path, data: dict[str, list[pf.Point]], fits: dict[str, ServerFit], errors: dict[str, pf.PanelError],
          base: tuple[int, int], num_blocks: int) -> Path:
     """Three panels: points coloured by server kind, the fit's line per server."""
-    pyplot = plt()
     kinds = pf.kind_of(fits)
-    fig, axes = pyplot.subplots(1, 3, figsize=(15, 4.6))
+    fig, axes = figure(1, 3, figsize=(15, 5.0))
+    axes = axes[0]
+    negative = 0
     labels = {"blocks": (f"blocks m (l_in={base[0]}, l_out={base[1]})", "computation of one job (s)",
                          "(a) computation vs blocks"),
               "input": (f"input length l_in (m={num_blocks})", "prefill computation (s)",
@@ -72,8 +85,8 @@ def draw(path: Path, data: dict[str, list[pf.Point]], fits: dict[str, ServerFit]
             if not mine:
                 continue
             k = kinds[name]
-            ax.scatter([p.x for p in mine], [p.measured_s for p in mine], s=12, color=KIND_COLOURS[k], alpha=0.6,
-                       label=f"measured, {k}" if k not in seen else None)
+            negative += scatter_nonnegative(ax, [p.x for p in mine], [p.measured_s for p in mine], KIND_COLOURS[k],
+                                            s=12, alpha=0.6, label=f"measured, {k}" if k not in seen else None)
             xs = sorted({p.x for p in mine})
             model = [np.mean([p.model_s for p in mine if p.x == x]) for x in xs]
             ax.plot(xs, model, color=KIND_COLOURS[k], lw=1, alpha=0.8,
@@ -82,9 +95,13 @@ def draw(path: Path, data: dict[str, list[pf.Point]], fits: dict[str, ServerFit]
         xl, yl, title = labels[key]
         ax.set(xlabel=xl, ylabel=yl, title=f"{title}\nrel. RMSE {100 * errors[key].rel_rmse:.0f} %, "
                                            f"max {100 * errors[key].max_rel_error:.0f} %")
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=8)
     fig.suptitle(f"Fig 9 on the CPU-emulated testbed (SmolLM2-135M, {len(fits)} servers): computation = step "
                  "time − fitted round trip", fontsize=10)
+    if negative:
+        fig.supxlabel(f"{negative} inferred values are below 0 s (the step's noise exceeds the computation there); "
+                      "they are drawn at 0 s as open triangles", fontsize=8)
     return save_figure(fig, path)
 
 

@@ -125,26 +125,69 @@ def shared_grid(args) -> tuple[list[dict], dict]:
     return _GRID[key]
 
 
-def bar_panels(rows, key: str, policies, ylabel: str, title: str, path, settings=tuple(SETTINGS)) -> None:
-    """One panel per setting: bars of ``key`` (mean ± 95 % CI) per workload and policy."""
-    from petals_chain.experiments.common import plt
+GRID_INTS = ("run", "capacity_tokens", "peak_gpus", "migrations", "migrations_raw", "preemptions", "max_moves_per_op",
+             "kv_moves", "token_moves", "deferred_moves")  # integer columns of the grid CSVs
 
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(settings), figsize=(6.5 * len(settings), 4), squeeze=False)
+
+def grid_rows(args, name: str, policies=MAIN + PREEMPT) -> list[dict]:
+    """The grid's rows for the figure ``name``: simulated (the shared grid, or a grid of ``policies`` of its own)
+    and written to ``name``.csv, or with ``--replot`` read back from that CSV, nothing simulated."""
+    from petals_chain.experiments.common import read_csv, replotting, write_csv
+
+    path = args.out / f"{name}.csv"
+    if replotting(args):
+        rows = read_csv(path)
+        for r in rows:
+            r.update({k: int(r[k]) for k in GRID_INTS if k in r})
+        return rows
+    rows = shared_grid(args)[0] if tuple(policies) == MAIN + PREEMPT else \
+        run_grid(args, policies, desc=f"{name} grid")[0]
+    write_csv(path, rows)
+    return rows
+
+
+POLICY_COLOURS = {"Mell": "tab:blue", "BF": "tab:orange", "WF": "tab:green", "LB": "tab:red", "FF": "tab:purple"}
+
+
+def policy_style(policy: str) -> dict:
+    """Bar style of a policy: a colour per base policy; its preempting (-p) or unbatched variant the same colour,
+    lighter and hatched, so that seven bars read as four families."""
+    base = policy.removesuffix("-p").removesuffix("-nobatch")
+    colour = POLICY_COLOURS.get(base, "tab:gray")
+    if base == policy:
+        return {"facecolor": colour, "edgecolor": "white", "lw": 0.3}
+    return {"facecolor": colour, "alpha": 0.45, "hatch": "//", "edgecolor": "black", "lw": 0.3}
+
+
+def bar_figure(rows, key: str, policies, ylabel: str, title: str, settings=tuple(SETTINGS)):
+    """One panel per setting: bars of ``key`` (mean ± 95 % CI over runs) per workload and policy; one legend for
+    the figure, below the panels."""
+    from matplotlib.patches import Patch
+
+    from petals_chain.experiments.common import figure
+
+    fig, axes = figure(1, len(settings), figsize=(6.5 * len(settings), 4.6))
     width = 0.8 / len(policies)
     for ax, s in zip(axes[0], settings):
         for k, p in enumerate(policies):
             vals = [cell(rows, s, w, p, key) for w in WORKLOADS]
             ax.bar(np.arange(len(WORKLOADS)) + (k - (len(policies) - 1) / 2) * width, [v for v, _ in vals], width,
-                   yerr=[0 if np.isnan(h) else h for _, h in vals], capsize=2, label=p)
+                   yerr=[0 if np.isnan(h) else h for _, h in vals], capsize=2, **policy_style(p))
         ax.set_xticks(np.arange(len(WORKLOADS)), WORKLOADS)
+        ax.grid(axis="x", visible=False)
         ax.set_ylabel(ylabel)
         ax.set_title(f"{s} (C = {config(s).capacity_tokens} tokens)")
-        ax.legend(ncol=2)
+    fig.legend(handles=[Patch(label=p, **policy_style(p)) for p in policies], loc="outside lower center",
+               ncol=len(policies), frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+    return fig
+
+
+def bar_panels(rows, key: str, policies, ylabel: str, title: str, path, settings=tuple(SETTINGS)) -> None:
+    """Draw :func:`bar_figure` to ``path``."""
+    from petals_chain.experiments.common import save_figure
+
+    save_figure(bar_figure(rows, key, policies, ylabel, title, settings), path)
 
 
 def command(name: str, args) -> str:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, write_csv
+from petals_chain.experiments.common import Summary
 from petals_chain.experiments.mell_common import (MAIN, PREEMPT, SETTINGS, WORKLOADS, bar_panels, cell, command,
-                                                  reduction, scale, shared_grid)
+                                                  grid_rows, reduction, scale)
+
+REPLOT = True  # `--replot` redraws mell_fig11.png from results/mell_fig11.csv
 
 
 def run(args) -> Summary:
     """Simulate the grid and compare peak GPU counts cell by cell."""
-    rows, _ = shared_grid(args)
-    write_csv(args.out / "mell_fig11.csv", rows)
+    rows = grid_rows(args, "mell_fig11")
     sc = scale(args.quick)
     bar_panels(rows, "peak_gpus", MAIN + PREEMPT, "GPUs needed (peak)",
                f"Mell Fig. 11: GPUs needed ({sc.requests} requests, {sc.runs} runs per cell; -p: baseline "

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, write_csv
-from petals_chain.experiments.mell_common import SETTINGS, WORKLOADS, bar_panels, cell, command, shared_grid
+from petals_chain.experiments.common import Summary
+from petals_chain.experiments.mell_common import SETTINGS, WORKLOADS, bar_panels, cell, command, grid_rows
+
+REPLOT = True  # `--replot` redraws mell_fig12.png from results/mell_fig12.csv
 
 
 def run(args) -> Summary:
     """Migrations per second of Mell, LB (and LB preempting), BF/WF (zero) from the shared grid."""
-    rows, _ = shared_grid(args)
-    write_csv(args.out / "mell_fig12.csv", rows)
+    rows = grid_rows(args, "mell_fig12")
     pols = ("Mell", "LB", "LB-p", "BF", "WF")
     bar_panels(rows, "migrations_per_s", pols, "migrations / s", "Mell Fig. 12: migration frequency",
                args.out / "mell_fig12.png")

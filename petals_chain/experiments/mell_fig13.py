@@ -7,14 +7,15 @@ its net move.
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, write_csv
-from petals_chain.experiments.mell_common import SETTINGS, WORKLOADS, bar_panels, cell, command, run_grid
+from petals_chain.experiments.common import Summary
+from petals_chain.experiments.mell_common import SETTINGS, WORKLOADS, bar_panels, cell, command, grid_rows
+
+REPLOT = True  # `--replot` redraws mell_fig13.png from results/mell_fig13.csv
 
 
 def run(args) -> Summary:
     """Simulate Mell both ways on every cell and compare migrations and GPUs."""
-    rows, _ = run_grid(args, ("Mell", "Mell-nobatch"), desc="mell fig13")
-    write_csv(args.out / "mell_fig13.csv", rows)
+    rows = grid_rows(args, "mell_fig13", ("Mell", "Mell-nobatch"))
     bar_panels(rows, "migrations_per_s", ("Mell-nobatch", "Mell"), "migrations / s",
                "Mell Fig. 13: operation batching", args.out / "mell_fig13.png")
     lines, cuts = [], []

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, write_csv
+from petals_chain.experiments.common import Summary
 from petals_chain.experiments.mell_common import (MAIN, PREEMPT, SETTINGS, WORKLOADS, bar_panels, cell, command,
-                                                  shared_grid)
+                                                  grid_rows)
+
+REPLOT = True  # `--replot` redraws mell_fig14.png from results/mell_fig14.csv
 
 
 def run(args) -> Summary:
     """Average utilisation per policy and cell from the shared grid."""
-    rows, _ = shared_grid(args)
-    write_csv(args.out / "mell_fig14.csv", rows)
+    rows = grid_rows(args, "mell_fig14")
     for x in rows:
         x["utilisation_pct"] = 100 * x["utilisation"]
     bar_panels(rows, "utilisation_pct", MAIN + PREEMPT, "utilisation (%)", "Mell Fig. 14: GPU utilisation",

@@ -10,7 +10,9 @@ decoding; the move is invisible).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain.analysis.bounds import theorem37_bounds
-from petals_chain.experiments.common import Summary, mean_ci, plt, write_csv
+from petals_chain.experiments.common import (Summary, figure, mean_ci, read_csv, replotting, save_figure,
+                                             write_csv)
 from petals_chain.experiments.migration_live import SpeedSwarm, model_dir, poisson_arrivals, prompts_for, replay
 from petals_chain.loopback.swarm import ServerPlan
 
@@ -27,10 +30,14 @@ NAME = "migration-jffc"
 SLOW_SPEED = 0.1
 LOAD = 0.5
 BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
+REPLOT = True  # `--replot` redraws migration-jffc.png from the saved CSV and JSON (no swarm)
+POLICIES = (("none", "plain JFFC"), ("jffc", "JFFC with migration"))
 
 
 def run(args: Any) -> Summary:
     """Start the swarm, replay under both policies, write CSV + PNG, return the summary."""
+    if replotting(args):
+        return replot(args.out)
     quick = bool(args.quick)
     n, new_tokens = (16, 12) if quick else (40, 24)
     rng = np.random.default_rng(args.seed)
@@ -81,11 +88,12 @@ def _summarize(runs: dict[str, list], chains: list[dict], arrivals: np.ndarray, 
     bound = theorem37_bounds([1.0 / t for t in measured], [c["capacity"] for c in chains], lam)
     means = {p: mean_ci([r.response_s for r in rs if not r.error]) for p, rs in runs.items()}
     write_csv(out / f"{NAME}.csv", [r.row() for r in plain + moved])
-    _plot(out / f"{NAME}.png", runs, bound.lower_s)
     moves = sum(r.moves for r in moved)
     downtime = [r.move_downtime_s / r.moves for r in moved if r.moves]
     gain = 1.0 - means["jffc"][0] / means["none"][0]
     capacity = sum(c["capacity"] / t for c, t in zip(chains, measured))
+    _plot(out / f"{NAME}.png", {p: [r.response_s for r in rs if not r.error] for p, rs in runs.items()},
+          bound.lower_s, bound.upper_s, lam / capacity, n)
     bound_text = (f"Theorem 3.7 lower bound for the measured chains {bound.lower_s:.2f} s (upper "
                   f"{bound.upper_s:.2f} s), a steady-state bound at the measured load λ/Σ c_k/T_k = "
                   f"{lam / capacity:.2f}, while the replay is {n} requests from an empty swarm"
@@ -112,20 +120,54 @@ def _summarize(runs: dict[str, list], chains: list[dict], arrivals: np.ndarray, 
                                 "errors": errors[:5]})
 
 
-def _plot(path: Path, runs: dict[str, list], lower_s: float) -> None:
-    """Response-time CDFs of both policies with the lower bound's mean marked."""
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.4, 4.0))
-    for policy, label in (("none", "plain JFFC"), ("jffc", "JFFC with migration")):
-        resp = np.sort([r.response_s for r in runs[policy] if not r.error])
-        if resp.size:
-            ax.step(resp, np.arange(1, resp.size + 1) / resp.size, where="post",
-                    label=f"{label} (mean {resp.mean():.2f} s)")
-    ax.axvline(lower_s, color="k", ls="--", label=f"Theorem 3.7 lower bound on the mean ({lower_s:.2f} s)")
+def saved_plot_data(out: Path) -> tuple[dict[str, list[float]], float, float, float, int, dict]:
+    """From the saved migration-jffc.csv and .json: the response times per policy, the bounds, the measured load,
+    the requests per policy and the JSON document itself."""
+    saved = json.loads((out / f"{NAME}.json").read_text())
+    rows = read_csv(out / f"{NAME}.csv")
+    responses = {p: [r["response_s"] for r in rows if r["policy"] == p and not r["error"]] for p, _ in POLICIES}
+    load = re.search(r"= (\d+\.\d+), while", " ".join(saved["lines"]))
+    n = sum(r["policy"] == "none" for r in rows)
+    return (responses, saved["data"]["lower_bound_s"], saved["data"]["upper_bound_s"],
+            float(load.group(1)) if load else math.nan, n, saved)
+
+
+def replot(out: Path) -> Summary:
+    """migration-jffc.png again from the saved migration-jffc.csv (one row per request and policy) and
+    migration-jffc.json (its bound and summary lines, which are kept as they were)."""
+    responses, lower, upper, load, n, saved = saved_plot_data(out)
+    _plot(out / f"{NAME}.png", responses, lower, upper, load, n)
+    return Summary(NAME, "JFFC with live migration vs plain JFFC vs the Theorem 3.7 lower bound", saved["command"],
+                   saved["lines"], data=saved["data"])
+
+
+def migration_figure(responses: dict[str, list[float]], lower_s: float, upper_s: float, load: float, n: int):
+    """Response-time CDFs of both policies (every request a step, its mean ± 95 % CI as a bar below); the
+    Theorem 3.7 bounds are a steady-state statement at the measured load and are written in the caption, not
+    drawn next to a replay of ``n`` requests from an empty swarm, which they do not describe."""
+    fig, axes = figure(figsize=(6.8, 4.4))
+    ax = axes[0][0]
+    for k, (policy, label) in enumerate(POLICIES):
+        resp = np.sort(np.asarray(responses.get(policy, []), dtype=float))
+        if not resp.size:
+            continue
+        mean, half = mean_ci(resp)
+        line, = ax.step(resp, np.arange(1, resp.size + 1) / resp.size, where="post", marker=".",
+                        label=f"{label}: mean {mean:.1f} ± {half:.1f} s (n = {resp.size})")
+        ax.errorbar(mean, -0.06 - 0.06 * k, xerr=half, fmt="o", color=line.get_color(), capsize=3)
+    ax.set_ylim(-0.18, 1.04)
     ax.set_xlabel("response time (s)")
-    ax.set_ylabel("fraction of requests")
+    ax.set_ylabel("fraction of requests\n(below 0: mean ± 95 % CI)")
     ax.set_title("Live replay: JFFC with and without migration")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+    ax.legend(loc="upper left", fontsize=8)
+    bound = (f"Theorem 3.7 bounds for the measured chains: [{lower_s:.0f}, {upper_s:.0f}] s, a steady-state mean at "
+             f"load {load:.2f}; not drawn: this replay is {n} requests from an empty swarm, far from steady state"
+             if math.isfinite(lower_s) else "no Theorem 3.7 bound: the measured load is not below the chains' capacity")
+    fig.supxlabel(bound, fontsize=7, wrap=True)
+    return fig
+
+
+def _plot(path: Path, responses: dict[str, list[float]], lower_s: float, upper_s: float, load: float,
+          n: int) -> None:
+    """Draw :func:`migration_figure` to ``path``."""
+    save_figure(migration_figure(responses, lower_s, upper_s, load, n), path)

@@ -3,8 +3,10 @@ sub-linear speed-ups, in the mean-field, Halfin-Whitt and super-HW regimes (Exp 
 
 from __future__ import annotations
 
+from pathlib import Path
 
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
+from petals_chain.experiments.common import (Summary, checkpoint_path, figure, read_csv, replotting, save_figure,
+                                             write_csv)
 from petals_chain.moldable import paper as P
 from petals_chain.moldable.bounds import stein_bounds
 from petals_chain.moldable.optimal import optimal_allocation
@@ -13,10 +15,15 @@ from petals_chain.moldable.speedup import SpeedUp
 
 NAME = "moldable_fig2"  # file and section name (the results README keys sections by \w+)
 SCHEMES = ("greedy-p", "greedy")
+REPLOT = True  # `--replot` redraws moldable_fig2.png and its summary from results/moldable_fig2.csv
 
 
 def run(args) -> Summary:
     """Sweep n (quick: 4 sizes, 2 runs of 10⁶ arrivals; full: 7 sizes, 10 runs of 5·10⁶)."""
+    if replotting(args):
+        rows = saved_rows(args.out)
+        sizes, runs, arrivals = tuple(sorted({r["n"] for r in rows})), rows[0]["runs"], rows[0]["arrivals"]
+        return _summary(args, rows, sizes, runs, arrivals)
     if args.quick:
         sizes, runs, arrivals = (250, 1000, 4000, 16000), 2, 1_000_000
     else:
@@ -43,6 +50,19 @@ def run(args) -> Summary:
                      "little_rel_err_max": max(r["little_rel_err"] for r in reps),
                      "max_jobs_below_i1": max(r["max_jobs_below_i1"] for r in reps)})
     write_csv(args.out / f"{NAME}.csv", rows)
+    return _summary(args, rows, sizes, runs, arrivals)
+
+
+def saved_rows(out: Path) -> list[dict]:
+    """moldable_fig2.csv read back with its integer columns as such."""
+    rows = read_csv(out / f"{NAME}.csv")
+    for r in rows:
+        r.update({k: int(r[k]) for k in ("n", "runs", "arrivals", "max_jobs_below_i1")})
+    return rows
+
+
+def _summary(args, rows: list[dict], sizes: tuple[int, ...], runs: int, arrivals: int) -> Summary:
+    """The PNG and the summary from the rows (simulated or read back)."""
     _plot(rows, args.out / f"{NAME}.png", runs, arrivals)
     return Summary(NAME, "moldable jobs, Fig. 2: blocking and execution time against n",
                    f"python -m petals_chain.experiments moldable-fig2{' --quick' if args.quick else ''} "
@@ -90,10 +110,10 @@ def _lines(rows: list[dict], sizes: tuple[int, ...], runs: int, arrivals: int) -
     return out
 
 
-def _plot(rows: list[dict], path, runs: int, arrivals: int) -> None:
-    """2 × 3 panels: P_b (top) and E[D] (bottom) against n, one column per regime, D* dashed."""
-    pyplot = plt()
-    fig, axes = pyplot.subplots(2, 3, figsize=(15, 8), sharex=True)
+def fig2_figure(rows: list[dict], runs: int, arrivals: int):
+    """2 × 3 panels: P_b (top) and E[D] (bottom) against n, one column per regime, D* dotted; one legend for the
+    figure, below the panels (inside the first column it covered the sub-linear greedy curve)."""
+    fig, axes = figure(2, 3, figsize=(15, 8.6), sharex=True)
     for col, regime in enumerate(P.REGIMES):
         for speed, color in zip(P.SPEEDUPS, ("C0", "C1")):
             for scheme, style in zip(SCHEMES, ("-o", "--s")):
@@ -101,13 +121,13 @@ def _plot(rows: list[dict], path, runs: int, arrivals: int) -> None:
                 label = f"{speed}, {'greedy(p*)' if scheme == 'greedy-p' else 'greedy'}"
                 axes[0, col].errorbar(ns, _series(rows, speed, regime, scheme, "blocking"),
                                       yerr=_series(rows, speed, regime, scheme, "blocking_ci"), fmt=style,
-                                      color=color, capsize=3, label=label)
+                                      color=color, capsize=3, label=label if col == 0 else None)
                 axes[1, col].errorbar(ns, _series(rows, speed, regime, scheme, "exec_all"),
                                       yerr=_series(rows, speed, regime, scheme, "exec_all_ci"), fmt=style,
-                                      color=color, capsize=3, label=label)
+                                      color=color, capsize=3)
             ns = _series(rows, speed, regime, "greedy-p", "n")
             axes[1, col].plot(ns, _series(rows, speed, regime, "greedy-p", "optimal_exec_time"), ":", color=color,
-                              label=f"{speed}, D*")
+                              label=f"{speed}, D*" if col == 0 else None)
         alpha, beta = P.REGIMES[regime]
         axes[0, col].set_title(f"(a) blocking, {regime} (α = {alpha:.3g}, β = {beta})")
         axes[1, col].set_title(f"(b) E[D], all admitted jobs, {regime}")
@@ -118,9 +138,11 @@ def _plot(rows: list[dict], path, runs: int, arrivals: int) -> None:
         for ax in axes[:, col]:
             ax.set_xscale("log")
             ax.set_xlim(ns[0] / 1.4, ns[-1] * 1.4)
-    axes[0, 0].legend()
-    axes[1, 0].legend(fontsize=7)
+    fig.legend(loc="outside lower center", ncol=6, frameon=False)
     fig.suptitle(f"Fig. 2: greedy(p*) vs greedy, Exp sizes ({runs} runs × {arrivals:.0e} arrivals per point)")
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+    return fig
+
+
+def _plot(rows: list[dict], path, runs: int, arrivals: int) -> None:
+    """Draw :func:`fig2_figure` to ``path``."""
+    save_figure(fig2_figure(rows, runs, arrivals), path)

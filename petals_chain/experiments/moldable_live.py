@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from petals_chain import defaults
-from petals_chain.experiments.common import REPO, Summary, mean_ci, plt, read_csv, replotting, write_csv
+from petals_chain.experiments.common import REPO, Summary, mean_ci, read_csv, replotting, save_figure, write_csv
 from petals_chain.model import SpecError
 from petals_chain.moldable.speedup import SpeedUp, concave_hull
 from petals_chain.moldable.live import POLICIES, policy_probabilities
@@ -146,6 +146,13 @@ def fit(calib: list[dict]) -> SpeedUp:
     return concave_hull([int(r["width"]) for r in calib], [r["tokens_per_s"] for r in calib])
 
 
+def saved_plot_data(out: Path) -> tuple[list[dict], SpeedUp, list[dict]]:
+    """From the saved CSVs: the calibration rows, the fitted s(k) and the per-load, per-policy summary rows."""
+    calib = read_csv(out / f"{NAME}_speedup.csv")
+    speedup = fit(calib)
+    return calib, speedup, _summarise(read_csv(out / f"{NAME}_sessions.csv"), speedup)
+
+
 def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int],
             reused: bool = False) -> Summary:
     """Fit, summarise, write the CSVs (not when replotting) and the PNG; the Summary for results/README.md."""
@@ -250,32 +257,47 @@ def verdict(cell: dict[str, dict]) -> str:
     return f"no clear difference between greedy(p*) and {best} ({rel:+.0%}, within the 95 % intervals)"
 
 
-def _plot(calib: list[dict], speedup, rows: list[dict], path: Path) -> None:
-    """(a) measured s(k) and its concave fit, (b) mean response time and (c) tokens per second per session
-    against the load, one line per policy."""
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, 3, figsize=(15, 4.5))
+def live_figure(calib: list[dict], speedup, rows: list[dict]):
+    """(a) measured s(k), its concave hull and the tokens per step; (b) mean response time and (c) tokens per second
+    per session for each load (a group) and policy (side by side), with 95 % intervals and the sessions counted:
+    the loads are a few points, so nothing is drawn between them."""
+    from petals_chain.experiments.common import figure
+
+    fig, axes = figure(1, 3, figsize=(15, 5.0))
+    axes = axes[0]
     k = [r["width"] for r in calib]
     base = calib[0]["tokens_per_s"]
-    axes[0].plot(k, [r["tokens_per_s"] / base for r in calib], "o", label="measured tokens/s ratio")
-    axes[0].plot(range(1, speedup.d + 1), speedup.s, "-", label="concave fit s(k)")
+    axes[0].plot(k, [r["tokens_per_s"] / base for r in calib], "o", label="measured tokens/s over width 1")
+    axes[0].plot(range(1, speedup.d + 1), speedup.s, "-", label="its concave hull: s(k) used")
     axes[0].plot(k, [r["tokens_per_step"] for r in calib], "x:", label="tokens per step")
     axes[0].set_xlabel("width k (positions verified per step)")
+    axes[0].set_ylabel("relative to width 1 (×)")
     axes[0].set_title("(a) speed-up of the speculative width")
-    axes[0].legend()
-    for policy, style in zip(POLICIES, ("-o", "--s", ":^")):
-        mine = [r for r in rows if r["policy"] == policy]
-        loads = [r["load"] for r in mine]
-        axes[1].errorbar(loads, [r["response_s"] for r in mine], yerr=[r["response_ci_s"] for r in mine],
-                         fmt=style, capsize=3, label=policy)
-        axes[2].errorbar(loads, [r["tokens_per_s"] for r in mine], yerr=[r["tokens_per_s_ci"] for r in mine],
-                         fmt=style, capsize=3, label=policy)
+    loads = sorted({r["load"] for r in rows})
+    step = 0.8 / len(POLICIES)
+    for j, (policy, marker) in enumerate(zip(POLICIES, ("o", "s", "^"))):
+        mine = {r["load"]: r for r in rows if r["policy"] == policy}
+        xs = [i + (j - (len(POLICIES) - 1) / 2) * step for i, load in enumerate(loads) if load in mine]
+        got = [mine[load] for load in loads if load in mine]
+        for ax, key, ci in ((axes[1], "response_s", "response_ci_s"), (axes[2], "tokens_per_s", "tokens_per_s_ci")):
+            ax.errorbar(xs, [r[key] for r in got], yerr=[0 if np.isnan(r[ci]) else r[ci] for r in got], fmt=marker,
+                        ms=7, capsize=4, color=f"C{j}", label=policy)
+    counts = {load: sorted({int(r["sessions"]) for r in rows if r["load"] == load}) for load in loads}
+    ticks = [f"λ = {load:g}\n(n = {'/'.join(map(str, counts[load]))} sessions)" for load in loads]
     axes[1].set_title("(b) mean response time (wait + service)")
-    axes[1].set_ylabel("seconds")
+    axes[1].set_ylabel("seconds (mean, 95 % interval)")
     axes[2].set_title("(c) tokens per second per session")
+    axes[2].set_ylabel("tokens/s (mean, 95 % interval)")
     for ax in axes[1:]:
+        ax.set_xticks(range(len(loads)), ticks)
+        ax.set_xlim(-0.6, len(loads) - 0.4)
         ax.set_xlabel("load λ (width-1 work per unit)")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+        ax.grid(axis="x", visible=False)
+    for ax, ncol in zip(axes, (2, 3, 3)):
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)  # below: not over the data
+    return fig
+
+
+def _plot(calib: list[dict], speedup, rows: list[dict], path: Path) -> None:
+    """Draw :func:`live_figure` to ``path``."""
+    save_figure(live_figure(calib, speedup, rows), path)

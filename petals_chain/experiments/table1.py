@@ -78,6 +78,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-sessions", type=int, default=None,
                    help="the orchestrated servers' --max-batch-sessions (default: theirs; 1 = PETALS' one-at-a-time "
                         "pool, as every run before batching)")
+    p.add_argument("--replot", action="store_true",
+                   help="redraw --out/--stem.png and _limit.png from that replay's saved outputs; nothing runs")
     return p.parse_args(argv)
 
 
@@ -352,6 +354,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.replot:
+        from petals_chain.experiments.table1_report import replot
+
+        details = args.out / f"{args.stem}_details.json"
+        if not details.is_file():
+            print(f"error: --replot: {details} is missing (no finished replay to redraw)", file=sys.stderr)
+            return 2
+        for path in replot(args.out, args.stem):
+            print(path)
+        return 0
     try:
         if args.regime:
             for line in regime_report(args):

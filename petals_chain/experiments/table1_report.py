@@ -6,14 +6,14 @@ import csv
 import json
 import math
 from collections.abc import Collection
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from petals_chain.compose.method_table import METHODS
-from petals_chain.experiments.common import plt
+from petals_chain.experiments.common import mean_ci
 from petals_chain.experiments.limit import LimitCheck, plot_limits
 from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law
 
@@ -92,11 +92,9 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
     paths["md"] = out_dir / f"{stem}.md"
     paths["md"].write_text(markdown(stats, plan, infos, results, command, base))
     paths["png"] = plot(out_dir / f"{stem}.png", stats, results)
-    limits = {METHODS[m].label: LimitCheck(**infos[m]["limit"]) for m in METHOD_ORDER
-              if m in infos and infos[m].get("limit")}
+    limits = limit_checks(infos, results)
     if limits:  # the distance to the limit of every JFFC replay (fixed chains)
-        paths["limit"] = plot_limits(out_dir / f"{stem}_limit.png", limits,
-                                     "measured mean response vs the Theorem 3.7 bounds of the measured chains")
+        paths["limit"] = plot_limits(out_dir / f"{stem}_limit.png", limits, LIMIT_TITLE)
     paths["json"] = out_dir / f"{stem}_details.json"
     paths["json"].write_text(json.dumps({"command": command, "plan": plan.describe(), "stats": stats,
                                          "infos": infos, "paper": PAPER}, indent=1, default=str))
@@ -155,49 +153,66 @@ def _labels() -> list[str]:
     return [METHODS[m].label for m in METHOD_ORDER]
 
 
-def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult]) -> Path:
-    """Bars of mean waiting + service per method: measured here (CPU seconds) and the paper's (A100 seconds) on
-    separate axes, since the two testbeds' seconds are not comparable; right: response-time CDFs here."""
-    pyplot = plt()
-    fig, (a, p, b) = pyplot.subplots(1, 3, figsize=(16, 4.5))
+def table1_figure(stats: dict[str, dict[str, float]], results: dict[str, ReplayResult]):
+    """Bars of mean waiting + service per method, measured here (CPU seconds, with the 95 % interval of the mean
+    response over the requests) and the paper's (A100 seconds, which it gives without intervals) on separate axes,
+    since the two testbeds' seconds are not comparable; right: every request's response time here (a box of the
+    quartiles over the points themselves: with tens of requests a CDF is a staircase that hides how few they are)."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    from petals_chain.experiments.common import figure
+
+    fig, axes = figure(1, 3, figsize=(16, 5.2))
+    a, p, b = axes[0]
     labels = _labels()
     x = np.arange(len(METHOD_ORDER))
+    resp = {m: np.array([q.response_s for q in results[m].records if not q.error and math.isfinite(q.response_s)])
+            for m in METHOD_ORDER if m in results}
+    counts = [f"{lab}\n(n = {resp[m].size})" if m in resp else lab for m, lab in zip(METHOD_ORDER, labels)]
     for ax, src, title in ((a, stats, "here: CPU-emulated testbed, SmolLM2 (CPU seconds)"),
-                           (p, PAPER, "paper: LLaMA-2-7B on A100 MIG slices (A100 seconds)")):
-        wait = [src.get(m, {}).get("waiting_mean", math.nan) for m in METHOD_ORDER]
-        svc = [src.get(m, {}).get("service_mean", math.nan) for m in METHOD_ORDER]
-        ax.bar(x, wait, 0.6, color="tab:red", label="waiting")
-        ax.bar(x, svc, 0.6, bottom=np.nan_to_num(wait), color="tab:blue", label="service")
-        ax.set_xticks(x, labels, fontsize=8)
+                           (p, PAPER, "paper: LLaMA-2-7B on A100 MIG slices\n(A100 seconds; no intervals given)")):
+        wait = np.array([src.get(m, {}).get("waiting_mean", math.nan) for m in METHOD_ORDER])
+        svc = np.array([src.get(m, {}).get("service_mean", math.nan) for m in METHOD_ORDER])
+        ax.bar(x, wait, 0.6, color="tab:red")
+        ax.bar(x, svc, 0.6, bottom=np.nan_to_num(wait), color="tab:blue")
+        if src is stats:
+            half = [mean_ci(resp[m])[1] if m in resp and resp[m].size > 1 else math.nan for m in METHOD_ORDER]
+            ax.errorbar(x, np.nan_to_num(wait) + svc, yerr=np.nan_to_num(half), fmt="none", ecolor="black",
+                        capsize=4)
+        ax.set_xticks(x, counts if src is stats else labels, fontsize=8)
         ax.set(ylabel="mean time (s)", title=f"mean response = waiting + service\n{title}")
-        ax.legend(fontsize=8)
-    for m, res in results.items():
-        r = np.sort([q.response_s for q in res.records if not q.error])
-        if r.size:
-            b.step(r, np.arange(1, r.size + 1) / r.size, where="post", label=labels[METHOD_ORDER.index(m)])
-    b.set(xlabel="response time (s)", ylabel="fraction of requests", title="response-time CDF (here)")
-    b.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
-    return path
+    rng = np.random.default_rng(0)  # the jitter of the points only
+    shown = [m for m in METHOD_ORDER if m in resp and resp[m].size]
+    if shown:
+        b.boxplot([resp[m] for m in shown], positions=[METHOD_ORDER.index(m) for m in shown], widths=0.5,
+                  showfliers=False, medianprops={"color": "black"})
+        for m in shown:
+            k = METHOD_ORDER.index(m)
+            b.plot(k + rng.uniform(-0.18, 0.18, resp[m].size), resp[m], "o", ms=3, alpha=0.6, color="tab:blue")
+    b.set_xticks(x, counts, fontsize=8)
+    b.set_xlim(-0.6, len(METHOD_ORDER) - 0.4)
+    b.set(ylabel="response time (s)", title="response time of every request (here)\nbox: quartiles and median")
+    fig.legend(handles=[Patch(color="tab:red", label="waiting"), Patch(color="tab:blue", label="service"),
+                        Line2D([], [], color="black", marker="_", ms=10, label="95 % interval of the mean response"),
+                        Line2D([], [], ls="", marker="o", ms=4, color="tab:blue", alpha=0.6, label="one request")],
+               loc="outside upper center", ncol=4, frameon=False)
+    return fig
 
 
-def load_finished(out_dir: Path, stem: str, plan: ReplayPlan,
-                  rerun: Collection[str] = ()) -> tuple[dict, dict, dict]:
-    """The methods a previous run of the same plan already replayed (``--resume``), read back from its outputs:
-    ``(stats, results, infos)``; empty when there is none, and an error when the outputs belong to another plan.
-    Methods in ``rerun`` are left out, so that they are replayed again (the others' records stay as they were)."""
-    from petals_chain.experiments.replay import RequestRecord, summarize
-    from petals_chain.model import SpecError
+def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult]) -> Path:
+    """Draw :func:`table1_figure` to ``path``."""
+    from petals_chain.experiments.common import save_figure
 
-    details = out_dir / f"{stem}_details.json"
-    if not details.exists():
-        return {}, {}, {}
-    saved = json.loads(details.read_text())
-    if saved.get("plan") != list(plan.describe()):
-        raise SpecError(f"--resume: {details} was written for another replay plan ({saved.get('plan', ['?'])[0]}); "
-                        "use another --stem or drop --resume")
+    return save_figure(table1_figure(stats, results), path)
+
+
+def _read_saved(out_dir: Path, stem: str) -> tuple[dict[str, Any], dict[str, list], dict[str, list]]:
+    """STEM_details.json, the request records per method (STEM_requests.csv) and the in-flight samples per method
+    (STEM_samples.csv) of a finished replay."""
+    from petals_chain.experiments.replay import RequestRecord
+
+    saved = json.loads((out_dir / f"{stem}_details.json").read_text())
     kinds = {f.name: f.type for f in RequestRecord.__dataclass_fields__.values()}
     casts = {"int": int, "float": float, "str": str, "bool": lambda v: v == "True"}
     records: dict[str, list] = {}
@@ -209,6 +224,63 @@ def load_finished(out_dir: Path, stem: str, plan: ReplayPlan,
     with (out_dir / f"{stem}_samples.csv").open() as fh:
         for row in csv.DictReader(fh):
             samples.setdefault(row["method"], []).append((float(row["time_s"]), float(row["in_flight"])))
+    return saved, records, samples
+
+
+def limit_checks(infos: dict[str, dict[str, Any]], results: dict[str, ReplayResult]) -> dict[str, LimitCheck]:
+    """The distance-to-the-limit check of every replayed method that has one, with the 95 % interval of its mean
+    response from its records (outputs written before the interval was kept lack it)."""
+    out = {}
+    for m in METHOD_ORDER:
+        if m in infos and infos[m].get("limit"):
+            check = LimitCheck(**infos[m]["limit"])
+            if m in results and not math.isfinite(check.measured_ci95_half_s):
+                finite = [r.response_s for r in results[m].records if math.isfinite(r.response_s)]
+                check = replace(check, measured_ci95_half_s=mean_ci(finite)[1], requests=len(finite))
+            out[METHODS[m].label] = check
+    return out
+
+
+LIMIT_TITLE = "measured mean response vs the Theorem 3.7 bounds of the measured chains"
+
+
+def load_saved(out_dir: Path, stem: str = "table1") -> tuple[dict, dict[str, ReplayResult], dict]:
+    """``(stats, results, infos)`` of every method in a finished replay's saved outputs, whatever its plan."""
+    from petals_chain.experiments.replay import summarize
+
+    saved, records, samples = _read_saved(out_dir, stem)
+    infos = saved.get("infos", {})
+    results = {m: ReplayResult(m, recs, np.asarray(samples.get(m, []), dtype=float).reshape(-1, 2),
+                               infos.get(m, {}).get("wall_s", max(r.end_s for r in recs)))
+               for m, recs in records.items()}
+    return {m: summarize(recs) for m, recs in records.items()}, results, infos
+
+
+def replot(out_dir: Path, stem: str = "table1") -> list[Path]:
+    """STEM.png and STEM_limit.png again from a finished replay's saved outputs, nothing else rewritten."""
+    stats, results, infos = load_saved(out_dir, stem)
+    paths = [plot(out_dir / f"{stem}.png", stats, results)]
+    limits = limit_checks(infos, results)
+    if limits:
+        paths.append(plot_limits(out_dir / f"{stem}_limit.png", limits, LIMIT_TITLE))
+    return paths
+
+
+def load_finished(out_dir: Path, stem: str, plan: ReplayPlan,
+                  rerun: Collection[str] = ()) -> tuple[dict, dict, dict]:
+    """The methods a previous run of the same plan already replayed (``--resume``), read back from its outputs:
+    ``(stats, results, infos)``; empty when there is none, and an error when the outputs belong to another plan.
+    Methods in ``rerun`` are left out, so that they are replayed again (the others' records stay as they were)."""
+    from petals_chain.experiments.replay import summarize
+    from petals_chain.model import SpecError
+
+    details = out_dir / f"{stem}_details.json"
+    if not details.exists():
+        return {}, {}, {}
+    saved, records, samples = _read_saved(out_dir, stem)
+    if saved.get("plan") != list(plan.describe()):
+        raise SpecError(f"--resume: {details} was written for another replay plan ({saved.get('plan', ['?'])[0]}); "
+                        "use another --stem or drop --resume")
     stats, results, infos = {}, {}, {}
     for m, info in saved.get("infos", {}).items():
         if not str(info.get("status", "")).startswith("ran") or m not in records or m in rerun:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import checkpoint_path, code_digest, mean_ci, write_csv
+from petals_chain.experiments.common import checkpoint_path, code_digest, mean_ci, replotting, write_csv
 from petals_chain.experiments.torta_train import plot_curve
 from petals_chain.sim.montecarlo import run_replications
 from petals_chain.torta.compare import evaluate, prepare
@@ -95,8 +95,14 @@ def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
 
 def comparison_rows(args: Any) -> list[dict[str, Any]]:
     """Every method × topology × seed (cached in results/torta-runs[-quick].csv for this --seed and this very code:
-    each row carries the package's code digest, so changed code never reuses stale rows)."""
+    each row carries the package's code digest, so changed code never reuses stale rows; ``--replot`` reads the
+    saved rows whatever their digest, to redraw the figures only)."""
     path = args.out / f"torta-runs{'-quick' if args.quick else ''}.csv"
+    if replotting(args):  # the saved rows as they are, whatever code made them: nothing is trained or run
+        saved = read_rows(path)
+        if not saved:
+            raise FileNotFoundError(f"{path}: no saved comparison to redraw (run the figure without --replot first)")
+        return saved
     digest = code_digest()
     cached = read_rows(path)
     if cached and all(int(r["base_seed"]) == args.seed and r.get("code_digest") == digest for r in cached):
@@ -143,23 +149,37 @@ def ratio_lines(rows: list[dict[str, Any]], key: str, label: str, fmt: str = ".2
     return lines
 
 
-def bar_plot(rows: list[dict[str, Any]], keys: list[tuple[str, str]], path: Path, title: str) -> None:
-    """Grouped bars (topology × method) with 95 % CI error bars, one panel per key."""
-    from petals_chain.experiments.common import plt
+ABLATIONS = ("OT-only", "OT-unbalanced", "RL-no-OT")  # our ablations of TORTA, hatched in the bar plots
 
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(keys), figsize=(6.5 * len(keys), 4), squeeze=False)
+
+def bar_figure(rows: list[dict[str, Any]], keys: list[tuple[str, str]], title: str):
+    """Grouped bars (topology × method) with 95 % CI error bars, one panel per key; the ablations hatched; one
+    legend for the figure, below the panels (inside, it covered bars)."""
+    from matplotlib.patches import Patch
+
+    from petals_chain.experiments.common import figure
+
+    fig, axes = figure(1, len(keys), figsize=(6.5 * len(keys), 4.6))
     width = 0.8 / len(ORDER)
+    styles = {m: {"facecolor": f"C{j}", "edgecolor": "black" if m in ABLATIONS else "white", "lw": 0.3,
+                  "hatch": "//" if m in ABLATIONS else None} for j, m in enumerate(ORDER)}
     for ax, (key, label) in zip(axes[0], keys):
         for j, m in enumerate(ORDER):
             st = [stat(rows, t, m, key) for t in TOPOLOGIES]
             ax.bar(np.arange(len(TOPOLOGIES)) + j * width, [s[0] for s in st], width,
-                   yerr=[0 if np.isnan(s[1]) else s[1] for s in st], capsize=2, label=m)
+                   yerr=[0 if np.isnan(s[1]) else s[1] for s in st], capsize=2, **styles[m])
         ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2)
         ax.set_xticklabels([PAPER_NAME[t] for t in TOPOLOGIES])
+        ax.grid(axis="x", visible=False)
         ax.set_ylabel(label)
-    axes[0][0].legend(ncol=2)
+    fig.legend(handles=[Patch(label=m + (" (ablation)" if m in ABLATIONS else ""), **styles[m]) for m in ORDER],
+               loc="outside lower center", ncol=4 if len(keys) == 1 else len(ORDER), frameon=False, fontsize=9)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+    return fig
+
+
+def bar_plot(rows: list[dict[str, Any]], keys: list[tuple[str, str]], path: Path, title: str) -> None:
+    """Draw :func:`bar_figure` to ``path``."""
+    from petals_chain.experiments.common import save_figure
+
+    save_figure(bar_figure(rows, keys, title), path)

@@ -11,6 +11,8 @@ from petals_chain.experiments.torta_common import (PAPER, PAPER_NAME, TOPOLOGIES
                                                    ratio_lines, stat)
 from petals_chain.experiments.torta_fig8 import summary_rows
 
+REPLOT = True  # `--replot` redraws torta-fig10.png from the saved results/torta-runs[-quick].csv
+
 
 def run(args) -> Summary:
     """Load balance bars with 95 % CIs and ratios to SkyLB."""

@@ -8,6 +8,8 @@ from petals_chain.experiments.torta_fig8 import summary_rows
 
 PARTS = (("mean_wait_s", "waiting"), ("mean_service_s", "inference"), ("mean_network_s", "network"))
 
+REPLOT = True  # `--replot` redraws torta-fig11.png from the saved results/torta-runs[-quick].csv
+
 
 def run(args) -> Summary:
     """Stacked bars of the three parts; waiting time TORTA vs the baselines."""

@@ -6,6 +6,8 @@ from petals_chain.experiments.common import Summary, write_csv
 from petals_chain.experiments.torta_common import (ORDER, PAPER, PAPER_NAME, TOPOLOGIES, bar_plot,
                                                    comparison_rows, ratio_lines, settings, stat)
 
+REPLOT = True  # `--replot` redraws torta-fig8.png from the saved results/torta-runs[-quick].csv
+
 
 def summary_rows(rows: list[dict], keys: list[str]) -> list[dict]:
     """Mean and CI half-width of ``keys`` per topology × method."""

@@ -7,6 +7,8 @@ from petals_chain.experiments.torta_common import (PAPER, PAPER_NAME, TOPOLOGIES
                                                    ratio_lines, stat)
 from petals_chain.experiments.torta_fig8 import summary_rows
 
+REPLOT = True  # `--replot` redraws torta-fig9.png from the saved results/torta-runs[-quick].csv
+
 
 def run(args) -> Summary:
     """Power cost (€ at the seeded prices) and ‖Â_t − Â_{t−1}‖²_F per slot, with ratios to SkyLB."""

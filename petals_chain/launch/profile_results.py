@@ -191,9 +191,10 @@ def plot_batch_curves(path: Path, steps: dict[str, Sequence[BatchStep]], fits: d
     return path
 
 
-def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, ServerFit], grid_base: tuple[int, int],
-                 num_blocks: int, title: str) -> Path:
-    """Measured vs model, like paper Figs 9-10: computation vs blocks / input length / output length; communication."""
+def profile_figure(samples: Sequence[StepSample], fits: dict[str, ServerFit], grid_base: tuple[int, int],
+                   num_blocks: int, title: str):
+    """Measured vs model, like paper Figs 9-10: computation vs blocks / input length / output length; communication
+    (its legend above the bars, with room kept for it: inside the bars it covered the tallest)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,15 +252,59 @@ def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, Serv
     ax[1, 1].set(xlabel="server", ylabel=f"communication of one job (s), l_out={b_out}",
                  title="Fig 10: communication time per server")
     ax[0, 0].legend(fontsize=7, ncol=2)
-    ax[1, 1].legend(fontsize=8)
+    ax[1, 1].set_ylim(0, 1.3 * max(meas + model))
+    ax[1, 1].legend(fontsize=8, loc="upper center", ncol=2)
     for a in ax.flat:
         a.grid(alpha=0.3)
     fig.suptitle(f"{title}: measured (dots/bars) vs fitted model (lines)")
     fig.tight_layout()
+    return fig
+
+
+def plot_profile(path: Path, samples: Sequence[StepSample], fits: dict[str, ServerFit], grid_base: tuple[int, int],
+                 num_blocks: int, title: str) -> Path:
+    """Draw :func:`profile_figure` to ``path``."""
+    from matplotlib import pyplot as plt
+
+    fig = profile_figure(samples, fits, grid_base, num_blocks, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def grid_base(samples: Sequence[StepSample], num_blocks: int) -> tuple[int, int]:
+    """The grid's base job (l_in, l_out): the one job shape timed on fewer than all blocks (ProfileGrid.jobs)."""
+    shapes = {(s.input_tokens, s.output_tokens) for s in samples if s.blocks < num_blocks}
+    if len(shapes) != 1:
+        raise SpecError(f"profile samples: expected one job shape on fewer than {num_blocks} blocks, got "
+                        f"{sorted(shapes) or 'none'}")
+    return shapes.pop()
+
+
+def replot(stem: Path) -> Path:
+    """STEM.png again from STEM.json and STEM_samples.csv (nothing measured, nothing else written)."""
+    profile = load_profile(Path(f"{stem}.json"))
+    samples = read_samples_csv(Path(f"{stem}_samples.csv"))
+    return plot_profile(Path(f"{stem}.png"), samples, profile.fits, grid_base(samples, profile.num_blocks),
+                        profile.num_blocks, f"profile of {profile.testbed}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m petals_chain.launch.profile_results STEM...``: redraw each STEM.png from its saved profile."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m petals_chain.launch.profile_results", description=main.__doc__)
+    ap.add_argument("stems", nargs="+", type=Path, help="profile stems, e.g. results/profile/cpu-emulated")
+    args = ap.parse_args(argv)
+    for stem in args.stems:
+        try:
+            print(replot(stem))
+        except (SpecError, FileNotFoundError) as exc:
+            print(f"error: {stem}: {exc}", file=sys.stderr)
+            return 2
+    return 0
 
 
 def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[StepSample], setup: Any,
@@ -281,3 +326,7 @@ def write_outputs(out_dir: Path, stem: str, profile: Profile, samples: Sequence[
     rate = target_load * profile.capacity.jobs_per_s if profile.capacity is not None else defaults.ARRIVAL_RATE
     paths["cluster"] = write_cluster(out_dir / f"{stem}_cluster.yaml", setup, fitted, rate, target_load, profile.job)
     return paths
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

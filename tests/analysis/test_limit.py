@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -43,3 +44,20 @@ def test_errors_and_censored_records_do_not_set_the_rates_and_overload_has_no_bo
     assert distance_to_limit([], CHAINS).lower_s is None and math.isnan(distance_to_limit([], CHAINS).measured_s)
     out = plot_limits(tmp_path / "limit.png", {"proposed": check, "ok": distance_to_limit(bad, CHAINS[:1])}, "t")
     assert out.stat().st_size > 1000
+
+
+def test_one_chain_bounds_coincide_and_are_labelled_as_its_exact_mean() -> None:
+    """With one chain the two bounds are one number (its M/M/c mean): a mean a hair above it, inside its own 95 %
+    interval, is 'at' it, not 'above the upper bound'; without an interval the line says it cannot tell."""
+    recs = [_rec(i, 2.0 * i, 1.9 + 0.2 * (i % 2), chain_route(CHAINS[0])) for i in range(10)]
+    check = distance_to_limit(recs, CHAINS[:1])
+    assert check.degenerate and check.requests == 10 and check.measured_ci95_half_s > 0
+    exact = replace(check, measured_s=check.lower_s + 0.006)
+    assert "at the exact M/M/c mean" in exact.describe() and "coincide" in exact.describe()
+    assert "above the upper bound" not in exact.describe()
+    far = replace(check, measured_s=check.lower_s + 10 * check.measured_ci95_half_s)
+    assert "above the exact M/M/c mean" in far.describe()
+    unknown = replace(check, measured_s=check.lower_s + 0.006, measured_ci95_half_s=math.nan)
+    assert "no interval to tell noise from a gap" in unknown.describe()
+    two = [_rec(i, 2.0 * i, 2.0 + 2.0 * (i % 2), chain_route(CHAINS[i % 2])) for i in range(10)]  # two speeds
+    assert not distance_to_limit(two, CHAINS).degenerate
