@@ -111,6 +111,30 @@ def test_mixed_sessions_equal_petals_step(backends, n_sessions: int, seed: int, 
         assert {"prefill", "decode"} <= kinds
 
 
+def _prefill_then_decode(backends, sessions: list[Session], batched, prefills, rounds: int,
+                         order: list[int]) -> tuple[float, float]:
+    """Each session's prefill alone, then ``rounds`` decode rounds of all sessions together through ``batched``,
+    against PETALS' step on the reference caches; the session of 3 hypotheses is reordered by ``order`` every other
+    round. Returns the largest output and cache differences."""
+    for s, n in zip(sessions, prefills):
+        hidden = torch.randn(s.batch, n, TINY.hidden)
+        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
+        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
+        s.length = n
+    worst = 0.0
+    for round_ in range(rounds):
+        requests, expected = [], []
+        for s in sessions:
+            ids = torch.tensor(order) if s.batch == 3 and round_ % 2 else NO_HYPO
+            hidden = torch.randn(s.batch, 1, TINY.hidden)
+            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
+            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
+            s.length += 1
+        for out, exp in zip(batched(requests), expected):
+            worst = max(worst, (out - exp).abs().max().item())
+    return worst, max(_cache_diff(backends, s) for s in sessions)
+
+
 def test_gathered_decode_equals_petals_step(backends) -> None:
     """Decode-only rounds of sessions of different lengths (one of 3 hypotheses reordered by hypo_ids) through the
     gathered mechanism (one padded attention for all) equal PETALS' step; the padded path is really taken."""
@@ -118,29 +142,13 @@ def test_gathered_decode_equals_petals_step(backends) -> None:
     sessions = [Session(allocate_session(backends, b, MAX_LENGTH), allocate_session(backends, b, MAX_LENGTH),
                         batch=b) for b in (1, 3, 1, 1)]
     batched = BatchedMergedInferenceStep(backends, attention="gathered")
-    for s, n in zip(sessions, (2, 9, 17, 30)):  # prefills of different lengths
-        hidden = torch.randn(s.batch, n, TINY.hidden)
-        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
-        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
-        s.length = n
     span = batched._span_step(tuple(backends))
     gathered_calls = []
     real = span._attend_gathered
     span._attend_gathered = lambda *a: gathered_calls.append(1) or real(*a)
-    worst = 0.0
-    for round_ in range(6):
-        requests, expected = [], []
-        for s in sessions:
-            ids = torch.tensor([2, 0, 1]) if s.batch == 3 and round_ % 2 else NO_HYPO
-            hidden = torch.randn(s.batch, 1, TINY.hidden)
-            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
-            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
-            s.length += 1
-        for out, exp in zip(batched(requests), expected):
-            worst = max(worst, (out - exp).abs().max().item())
-    worst_cache = max(_cache_diff(backends, s) for s in sessions)
+    worst, worst_cache = _prefill_then_decode(backends, sessions, batched, (2, 9, 17, 30), 6, [2, 0, 1])
     print(f"gathered decode: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
-    assert len(gathered_calls) == 6 * N_BLOCKS  # every layer of every round took the padded path
+    assert len(gathered_calls) == 6 * N_BLOCKS  # every layer of every decode round took the padded path
     assert worst < TOL and worst_cache < TOL
 
 
@@ -173,27 +181,11 @@ def test_arena_decode_equals_petals_step(backends, monkeypatch, slots, in_place:
     sessions = [Session(allocate_session(backends, b, MAX_LENGTH), _arena_session(backends, arenas, slot, b, length),
                         batch=b) for slot, b, length in layout]
     batched = BatchedMergedInferenceStep(backends, attention="gathered")
-    for s, n in zip(sessions, (3, 11, 20, 29)):
-        hidden = torch.randn(s.batch, n, TINY.hidden)
-        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
-        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
-        s.length = n
     by_index = []
     real = batched_step_module.arena_rows
     monkeypatch.setattr(batched_step_module, "arena_rows",
                         lambda steps, index: by_index.append(r := real(steps, index)) or r)
-    worst = 0.0
-    for round_ in range(5):
-        requests, expected = [], []
-        for s in sessions:
-            ids = torch.tensor([1, 2, 0]) if s.batch == 3 and round_ % 2 else NO_HYPO
-            hidden = torch.randn(s.batch, 1, TINY.hidden)
-            expected.append(_reference(backends, hidden, ids, inference_infos(backends, s.ref, s.length)))
-            requests.append((hidden.clone(), ids, inference_infos(backends, s.bat, s.length)))
-            s.length += 1
-        for out, exp in zip(batched(requests), expected):
-            worst = max(worst, (out - exp).abs().max().item())
-    worst_cache = max(_cache_diff(backends, s) for s in sessions)
+    worst, worst_cache = _prefill_then_decode(backends, sessions, batched, (3, 11, 20, 29), 5, [1, 2, 0])
     print(f"arena decode: max |Δ output| {worst:.2e}, max |Δ cache| {worst_cache:.2e}")
     assert by_index and all(r is not None for r in by_index)  # every block of every round went through the arena
     rows = [row for slot, b, _ in layout for row in range(slot, slot + b)]
