@@ -312,11 +312,15 @@ class BatchedSpanStep:
         q = (q * cos + rotate_half(q) * sin) * (1.0 / math.sqrt(self.head_dim))
         k = k * cos + rotate_half(k) * sin
 
-        if gather is not None:
-            out = self._attend_gathered(q, k, v, steps, index, gather)
-            x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
-            return x + layer.mlp(layer.post_attention_layernorm(x))
+        out = self._attend_gathered(q, k, v, steps, index, gather) if gather is not None else \
+            self._attend_per_session(q, k, v, steps, index)
+        x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
 
+    def _attend_per_session(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, steps: Sequence[SessionStep],
+                            index: int) -> torch.Tensor:
+        """Each session's new keys and values written into its own cache, then its attention over the cache in
+        place (:meth:`_attend`). Returns ``[T, heads, head_dim]``."""
         out = torch.empty_like(q)
         offset = 0
         for s in steps:
@@ -324,15 +328,12 @@ class BatchedSpanStep:
             size = batch * n
             keys, values = s.caches[index]
             p = s.prefix_length
-            # write this step's keys/values into the session's own cache, then attend over the cache in place
             shape = (batch, n, self.num_kv_heads, self.head_dim)
             keys.narrow(3, p, n).copy_(k.narrow(0, offset, size).view(shape).permute(0, 2, 3, 1))
             values.narrow(2, p, n).copy_(v.narrow(0, offset, size).view(shape).transpose(1, 2))
             self._attend(q.narrow(0, offset, size), out.narrow(0, offset, size), keys, values, batch, n, p)
             offset += size
-
-        x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        return out
 
     def _attend_gathered(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, steps: Sequence[SessionStep],
                          index: int, plan: _Gather) -> torch.Tensor:
@@ -382,7 +383,7 @@ class BatchedSpanStep:
         L]`` and ``values [R, kv_heads, L, head_dim]``; ``mask [R, 1, 1, L]`` hides what a row must not see."""
         scores = torch.matmul(q, keys).masked_fill(mask, float("-inf"))  # [R, kv_heads, groups, L]
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return torch.matmul(probs, values)  # [T, kv_heads, groups, head_dim]
+        return torch.matmul(probs, values)  # [R, kv_heads, groups, head_dim]
 
     def _attend(self, q: torch.Tensor, out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 batch: int, n: int, p: int) -> None:

@@ -285,10 +285,11 @@ class PinnedRuntime(RuntimeWithDeduplicatedPools):
     """
 
     runtime_cpus: tuple[int, ...] = ()
+    _pinned = False
 
     def _pin_once(self) -> None:
         """Pin the calling thread (the runtime's) to ``runtime_cpus``, the first time only."""
-        if self.runtime_cpus and not getattr(self, "_pinned", False):
+        if self.runtime_cpus and not self._pinned:
             os.sched_setaffinity(0, self.runtime_cpus)  # 0: the calling thread (Linux)
             self._pinned = True
             log.info("the runtime thread runs on CPUs %s", ",".join(map(str, self.runtime_cpus)))
