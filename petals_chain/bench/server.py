@@ -4,7 +4,9 @@ and inside the server, beside the bare batched forward measured in the same run.
 A loopback swarm of SmolLM2-135M (float32, CPU, one torch thread per server) runs its 30 blocks on two servers of
 15 (``--layout two-15``: every step visits both, a chain of two) or one server of 30 (``one-30``), twice in the
 same run: with batching (the default options) and with ``--max-batch-sessions 1`` (PETALS' one-session-at-a-time
-pool). For every context C (tokens in each session's cache at the end) and b concurrent sessions, each holding its
+pool). ``--rtt-ms`` puts a round trip in front of each server (a delaying relay, as the emulated testbed's: the
+client and the other server reach it only through it), so a chain of two pays its network as a real one does. For
+every context C (tokens in each session's cache at the end) and b concurrent sessions, each holding its
 lease, all start together: a prompt of C − new tokens, then ``--new-tokens`` steps of one token (by default
 hidden states: the servers' work, without the client's LM head and sampling, which here would share the servers'
 two cores; ``--client generate`` runs greedy ``generate()`` instead). Three figures:
@@ -85,10 +87,12 @@ def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: 
 
 
 def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int], sessions: Sequence[int],
-                   new_tokens: int, client: str, log_dir: Path, max_batch: int, pin: bool = False) -> dict:
+                   new_tokens: int, client: str, log_dir: Path, max_batch: int, pin: bool = False,
+                   rtt_s: Sequence[float] = ()) -> dict:
     """Start the swarm (batching with this window, or PETALS' pool for None) and measure every (context, b); the swarm
-    is stopped after. Returns {"e2e": {(ctx, b): tokens/s}, "per_step": {(ctx, b): mean sessions per decode step,
-    the smaller of the servers'}, "rows": {ctx: [(server, sessions, seconds) of every decode batch]},
+    is stopped after; ``rtt_s`` puts a delaying relay with that round trip in front of each server. Returns
+    {"e2e": {(ctx, b): tokens/s}, "per_step": {(ctx, b): mean sessions per decode step, the smaller of the
+    servers'}, "rows": {ctx: [(server, sessions, seconds) of every decode batch]},
     "blocks": {server: blocks it serves}}."""
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
@@ -103,10 +107,11 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
     logs = {f"s{k}": log_dir / f"steps-s{k}.csv" for k in range(n_servers)}
     cpus = sorted(os.sched_getaffinity(0))
     pinning = ("--runtime-cpus", str(cpus[0])) if pin else ()
+    rtts = list(rtt_s) or [0.0] * n_servers
     plans = [ServerPlan(name, f"{budget_mb}MB", (*pinning, "--max-batch-sessions", "1") if window_ms is None else
                         (*pinning, "--step-log", str(path), "--batch-window-ms", repr(window_ms),
-                         "--max-batch-sessions", str(max_batch)))
-             for name, path in logs.items()]
+                         "--max-batch-sessions", str(max_batch)), rtt_s=rtt)
+             for (name, path), rtt in zip(logs.items(), rtts)]
     out: dict = {"e2e": {}, "per_step": {}, "rows": {}, "blocks": {}}
     gen = torch.Generator().manual_seed(0)
     label = "petals pool" if window_ms is None else f"batched, window {window_ms:g} ms"
@@ -187,6 +192,10 @@ def run(argv: list[str] | None = None) -> int:
                    help=f"the batching servers' --max-batch-sessions (default {defaults.MAX_BATCH_SESSIONS})")
     p.add_argument("--repeat", type=int, default=5, help="timed calls per in-process figure (their median is kept, as"
                                                           " inside the server)")
+    p.add_argument("--rtt-ms", type=float, nargs="+", default=[],
+                   help="a round trip (ms) added in front of each server, one per server of the layout (a delaying "
+                        "relay, as the testbed's; e.g. 24.78 25.09, the RIPE Atlas RTTs of the emulated testbed's "
+                        "first two servers); default none, plain loopback")
     p.add_argument("--pin", action="store_true",
                    help="each server's runtime thread alone on the first CPU (--runtime-cpus), everything else (its "
                         "handlers, the client) on the others: inside-server times without the RPC work's contention")
@@ -200,6 +209,11 @@ def run(argv: list[str] | None = None) -> int:
     if min(args.windows_ms) < 0:
         print("error: --windows-ms must be >= 0")
         return 2
+    if args.rtt_ms and (len(args.rtt_ms) != LAYOUTS[args.layout] or min(args.rtt_ms) < 0):
+        print(f"error: --rtt-ms needs {LAYOUTS[args.layout]} round trips >= 0 for layout {args.layout}, got "
+              f"{' '.join(map(format, args.rtt_ms))}")
+        return 2
+    rtt_s = [r / 1e3 for r in args.rtt_ms]
     if args.pin and len(os.sched_getaffinity(0)) < 2:
         print("error: --pin needs at least 2 CPUs")
         return 2
@@ -208,10 +222,10 @@ def run(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         runs = {w: _swarm_figures(w, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
-                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions, args.pin)
+                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions, args.pin, rtt_s)
                 for w in args.windows_ms}
         petals = _swarm_figures(None, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
-                                Path(tmp) / "petals", 1, args.pin)
+                                Path(tmp) / "petals", 1, args.pin, rtt_s)
     load_live = os.getloadavg()
     first = runs[args.windows_ms[0]]
     spans = sorted(set(first["blocks"].values()))
@@ -220,6 +234,8 @@ def run(argv: list[str] | None = None) -> int:
                         repeat=args.repeat, median=True)
     spans_text = ", ".join(f"{n} {m} blocks" for n, m in sorted(first["blocks"].items()))
     pinned = f", runtime threads on CPU {min(os.sched_getaffinity(0))} alone" if args.pin else ""
+    if rtt_s:
+        pinned += f", round trips {' + '.join(format(r, 'g') for r in args.rtt_ms)} ms in front of the servers"
     print(f"\nSmolLM2-135M float32, layout {args.layout} ({spans_text}; 1 torch thread each), {args.new_tokens} decode "
           f"steps per session, client {args.client}, --max-batch-sessions {args.max_batch_sessions}{pinned}")
     print("end to end through the swarm: tokens/s summed over sessions (mean sessions per decode step)")
@@ -231,6 +247,12 @@ def run(argv: list[str] | None = None) -> int:
             cells = "".join(f" {r['e2e'][(ctx, b)]:>13.1f} ({r['per_step'][(ctx, b)]:>5.2f})" for r in runs.values())
             ratios = " ".join(f"{r['e2e'][(ctx, b)] / ref:.2f}" for r in runs.values())
             print(f"{ctx:>5} {b:>3} | {ref:>11.1f} |{cells} | {ratios}")
+    if rtt_s:
+        print("one session's decode step end to end (ms; b = 1), round trips in front of the servers summing to "
+              f"{sum(args.rtt_ms):g} ms: " + "; ".join(
+                  f"ctx {ctx}: petals pool {1e3 / petals['e2e'][(ctx, 1)]:.1f}, "
+                  + ", ".join(f"window {w:g} ms {1e3 / r['e2e'][(ctx, 1)]:.1f}" for w, r in runs.items())
+                  for ctx in args.contexts if (ctx, 1) in petals["e2e"]))
     print(f"\ninside the server (window {args.windows_ms[0]:g} ms): every decode batch of k sessions the servers ran, "
           "tokens/s = k / median step time; bare forward and PETALS' step in process (median of --repeat calls), same "
           "blocks and mean context, this run (PETALS' pool runs one session at a time: its tokens/s inside the server "

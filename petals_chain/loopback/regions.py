@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 
-from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, SwarmProcess
+from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, SwarmProcess, free_port
 
 VIP_NET = "10.231.0"  # servers' announced addresses
 ORIGIN_NET = "10.232"  # origin k's veth pair: 10.232.k.1 (root end) ↔ 10.232.k.2 (namespace end)
-
-
-def free_port() -> int:
-    """A TCP port free on this machine right now."""
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return int(s.getsockname()[1])
 
 
 def _ip(*args: str, check: bool = True) -> None:

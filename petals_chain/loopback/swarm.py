@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,11 +35,18 @@ class SwarmStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerPlan:
-    """One server to start: its name, memory budget (e.g. '300MB') and extra CLI arguments."""
+    """One server to start: its name, memory budget (e.g. '300MB'), extra CLI arguments, and the round trip that
+    everything reaching it sees on top of loopback (``rtt_s`` > 0: a delaying relay in front of it, the testbed's
+    method on kernels without netem; clients and the other servers reach it only through the relay)."""
 
     name: str
     memory_budget: str
     extra_args: tuple[str, ...] = ()
+    rtt_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.rtt_s >= 0:
+            raise SpecError(f"server {self.name!r}: rtt_s must be >= 0, got {self.rtt_s!r}")
 
 
 @dataclass
@@ -60,6 +68,13 @@ class SwarmProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    """A TCP port free on this machine right now."""
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return int(s.getsockname()[1])
 
 
 def group_members(pgid: int) -> list[tuple[int, str]]:
@@ -213,8 +228,19 @@ class LocalSwarm:
         raise SwarmStartError(f"the orchestrator did not start within {timeout_s:g} s:\n{proc.log_tail()}")
 
     def start_server(self, plan: ServerPlan) -> SwarmProcess:
-        """Start one server process (it registers and loads its span on its own)."""
-        return self._spawn(plan.name, self.server_command(plan))
+        """Start one server process (it registers and loads its span on its own); with ``plan.rtt_s``, first its
+        relay: the server listens on a loopback port and announces the relay's, which holds each direction's bytes
+        for half the round trip."""
+        args = self.server_command(plan)
+        if plan.rtt_s > 0:
+            port, relay_port = free_port(), free_port()
+            self._spawn(f"relay-{plan.name}", [
+                "-m", "petals_chain.launch.relay", "--listen", f"127.0.0.1:{relay_port}",
+                "--target", f"127.0.0.1:{port}", "--delay-ms", f"{plan.rtt_s * 500:.3f}",
+                "--owner-pid", str(os.getpid())])
+            args += ["--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}",
+                     "--announce-maddrs", f"/ip4/127.0.0.1/tcp/{relay_port}"]
+        return self._spawn(plan.name, args)
 
     def start(self, timeout_s: float = 300.0) -> LocalSwarm:
         """Orchestrator, then all servers at once; wait until every assigned span is served."""
