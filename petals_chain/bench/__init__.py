@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "torta": "petals_chain.bench.torta",
     "server-step": "petals_chain.bench.server_step",
     "server": "petals_chain.bench.server",
+    "server-prefill": "petals_chain.bench.server_prefill",
 }
 
 

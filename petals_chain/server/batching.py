@@ -9,6 +9,9 @@ case) runs such a batch through :class:`~petals_chain.server.batched_step.Batche
 pool returns each session's outputs, or its own exception, to that session's future. If a batched step fails,
 its sessions are run again one at a time through PETALS' own step, so one bad session cannot fail the others
 (the batched step only writes a session's cache at the positions its step owns, which the retry overwrites).
+A step longer than half of ``max_tokens`` (a prompt, a failover replay) runs in chunks that share batches with
+other sessions' steps (chunked prefill, :meth:`BatchingInferencePool._gather`); for that, every step is sent to the
+merged pool (:func:`route_long_steps_to_merged_pool`) instead of PETALS' block-by-block path for long ones.
 
 Everything else stays PETALS': the handler still submits one task per session step, cache reads and writes of
 the KV transfer (``kv_handler.KvCacheOp``) and anything not batchable run alone through the pool's
@@ -21,8 +24,10 @@ handler class); ``max_sessions = 1`` restores PETALS' own, so every earlier resu
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -75,7 +80,7 @@ class StepLog:
 @dataclass(frozen=True)
 class BatchingConfig:
     """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--batch-attention``, ``--step-log``)."""
+    ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``)."""
 
     max_sessions: int = defaults.MAX_BATCH_SESSIONS
     window_s: float = defaults.BATCH_WINDOW_S
@@ -83,6 +88,7 @@ class BatchingConfig:
     step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
     attention: str = defaults.BATCH_ATTENTION
     runtime_cpus: tuple[int, ...] = ()  # the runtime thread's CPUs; the server's other threads get the rest
+    kv_arena: str = defaults.KV_ARENA  # sessions' caches as rows of one tensor per block (server/kv_arena.py)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
@@ -90,6 +96,8 @@ class BatchingConfig:
         if self.attention not in defaults.BATCH_ATTENTION_MECHANISMS:
             raise ValueError(f"batching attention must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)},"
                              f" got {self.attention!r}")
+        if self.kv_arena not in defaults.KV_ARENA_MODES:
+            raise ValueError(f"kv arena must be one of {', '.join(defaults.KV_ARENA_MODES)}, got {self.kv_arena!r}")
 
     @property
     def enabled(self) -> bool:
@@ -127,6 +135,39 @@ def _tokens(task: Task) -> int:
     return int(h.shape[0] * h.shape[1]) if isinstance(h, torch.Tensor) and h.ndim == 3 else 1
 
 
+@dataclass(frozen=True)
+class _Part:
+    """What one batch runs of a task: new-token positions ``start ... start + length − 1`` of ``total`` (the whole
+    step when ``start`` is 0 and ``length`` is ``total``; a chunk of a long step otherwise)."""
+
+    task: Task
+    start: int
+    length: int
+    total: int
+
+    @property
+    def whole(self) -> bool:
+        """The task's step in one piece."""
+        return self.start == 0 and self.length == self.total
+
+    @property
+    def last(self) -> bool:
+        """This part ends the task's step (its future is answered after it)."""
+        return self.start + self.length >= self.total
+
+    def args(self) -> tuple[Any, ...]:
+        """The task's arguments for this part: its hidden states' positions and prefix lengths moved by ``start``."""
+        if self.whole:
+            return tuple(self.task.args)
+        hidden, hypo_ids, infos, *rest = self.task.args
+        moved = tuple(InferenceMetadata(i.uid, i.prefix_length + self.start, i.cache_handles, i.active_adapter)
+                      for i in infos)
+        return (hidden[:, self.start:self.start + self.length], hypo_ids, moved, *rest)
+
+
+_NOT_YET = object()  # run_batch's result for a chunk that does not end its task's step (no answer is sent)
+
+
 class BatchingInferencePool(PrioritizedTaskPool):
     """PETALS' merged inference pool, loading every compatible ready session's step into one runtime batch.
 
@@ -148,6 +189,9 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self._stats_lock = threading.Lock()
         self._last_stats = (time.monotonic(), Counter())
         self.step_log = StepLog(config.step_log) if config.step_log else StepLog.from_env()
+        self._partial: dict[int, list[torch.Tensor]] = {}  # task uid → outputs of its chunks run so far
+        self._batch_ids = itertools.count()  # a batch's uid (a chunked task heads several batches: not its uid)
+        self.chunks_run = 0  # chunks of long steps that ran (each in a batch of its own or beside other steps)
 
     # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
 
@@ -156,30 +200,65 @@ class BatchingInferencePool(PrioritizedTaskPool):
         """The head task plus every queued task that can join it; returns (batch uid, [list of task args])."""
         device = device if device is not None else self.device
         head: Task = self._ordered_tasks.get(block=True, timeout=timeout)
-        tasks = [head]
         key = _batchable_key(head.args)
-        if key is not None and self.config.enabled and _tokens(head) < self.config.max_tokens:
-            self._gather(head, key, tasks)
-        for _ in tasks:
+        if key is not None and self.config.enabled:
+            parts = self._gather(head, key)
+        else:  # a KV transfer, deep prompts, an adapter, beams: PETALS' step, whole
+            parts = [_Part(head, 0, 1, 1)]
+        for _ in parts:
             self.batch_receiver.recv()  # one count per task taken, as PETALS' pool does for its one task
         q = self._ordered_tasks
         with q.mutex:
             if q.queue:
                 first: Task = q.queue[0]
                 self.priority = (first.priority, first.time_submitted)
-        self._recent.append(frozenset(k[1] for t in tasks if (k := _batchable_key(t.args)) is not None))
-        batch = [[_move_to_device_if_tensor(arg, device, share_memory=False) for arg in t.args] for t in tasks]
-        self._dispatched_tasks[head.uid] = tasks
-        return head.uid, [batch]
+        self._recent.append(frozenset(k[1] for p in parts if (k := _batchable_key(p.task.args)) is not None))
+        batch = [[_move_to_device_if_tensor(arg, device, share_memory=False) for arg in p.args()] for p in parts]
+        uid = next(self._batch_ids)
+        self._dispatched_tasks[uid] = parts
+        return uid, [batch]
 
-    def _gather(self, head: Task, key: tuple[tuple[str, ...], int], tasks: list[Task]) -> None:
-        """Move the queued tasks that can join ``head`` into ``tasks`` (priority order); wait up to the window for
-        sessions of the recent batches that are not here yet."""
+    def _left(self, task: Task) -> tuple[int, int]:
+        """(new-token positions of the task's step not run yet, hypotheses) of a batchable task."""
+        h = task.args[0]
+        done = sum(int(o.shape[1]) for o in self._partial.get(task.uid, ()))
+        return int(h.shape[1]) - done, int(h.shape[0])
+
+    def _gather(self, head: Task, key: tuple[tuple[str, ...], int]) -> list[_Part]:
+        """The parts of ``head`` and of the queued tasks that can join it (priority order), waiting up to the window
+        for sessions of the recent batches that are not here yet.
+
+        Chunked prefill: a step with more tokens left than half of ``max_tokens`` is *long*. At most one long step
+        joins a batch, and only while half the budget is free; it then runs as many of its next positions as the
+        budget leaves after the other steps (at least half of it), and goes back to the queue with its place (its
+        priority and submission time) until its last chunk has run. So a long prompt shares its steps with the
+        decodes of other sessions instead of holding the runtime for its whole prefill, and no step exceeds the
+        budget. Short steps run whole."""
         uids, _ = key
+        budget = self.config.max_tokens
+        half = max(1, budget // 2)
         sessions = {key[1]}
         expected = set().union(*self._recent) | sessions
         target = min(self.config.max_sessions, len(expected))
-        tokens = _tokens(head)
+        whole: list[Task] = []
+        long: Task | None = None
+        fixed = 0  # tokens of the steps that run whole
+
+        def join(task: Task) -> bool:
+            nonlocal long, fixed
+            left, hyp = self._left(task)
+            if hyp * left > half:
+                if long is not None or fixed > budget - half:
+                    return False
+                long = task
+                return True
+            if fixed + hyp * left > budget - (half if long is not None else 0):
+                return False
+            whole.append(task)
+            fixed += hyp * left
+            return True
+
+        join(head)
         q = self._ordered_tasks
         deadline = time.monotonic() + self.config.window_s
         with q.not_empty:  # the queue's own lock: the prioritizer thread's put() waits while we scan
@@ -187,26 +266,37 @@ class BatchingInferencePool(PrioritizedTaskPool):
                 keep: list[Task] = []
                 for task in sorted(q.queue):
                     k = _batchable_key(task.args)
-                    size = _tokens(task)
-                    if (len(tasks) < self.config.max_sessions and k is not None and k[0] == uids
-                            and k[1] not in sessions and tokens + size <= self.config.max_tokens):
-                        tasks.append(task)
+                    if (len(whole) + (long is not None) < self.config.max_sessions and k is not None and k[0] == uids
+                            and k[1] not in sessions and join(task)):
                         sessions.add(k[1])
-                        tokens += size
                     else:
                         keep.append(task)
                 if len(keep) != len(q.queue):
                     q.queue[:] = keep
                     heapq.heapify(q.queue)
                 remaining = deadline - time.monotonic()
-                if len(tasks) >= target or remaining <= 0 or tokens >= self.config.max_tokens:
-                    return
+                full = long is not None or fixed >= budget
+                if len(whole) + (long is not None) >= target or remaining <= 0 or full:
+                    break
                 q.not_empty.wait(remaining)  # released while waiting; a put() wakes us to scan again
+        parts = []
+        for task in whole:
+            left, _ = self._left(task)
+            total = int(task.args[0].shape[1])
+            parts.append(_Part(task, total - left, left, total))
+        if long is not None:
+            left, hyp = self._left(long)
+            total = int(long.args[0].shape[1])
+            length = min(left, max(1, (budget - fixed) // hyp))
+            parts.append(_Part(long, total - left, length, total))
+        return parts
 
     # ---- running it (runtime thread, called by BatchingRuntime) ---------------------------------------------------
 
-    def run_batch(self, batch: Sequence[Sequence[Any]]) -> tuple[list[Any], int]:
-        """Run the tasks' steps; returns (per task its outputs tuple or its exception, total tokens)."""
+    def run_batch(self, batch: Sequence[Sequence[Any]], uid: int) -> tuple[list[Any], int]:
+        """Run batch ``uid``'s steps; returns (per task its outputs tuple, its exception, or a marker for a chunk that
+        does not end its step, total tokens). A chunked step's task goes back to the queue here, in the runtime
+        thread, before the next batch is loaded."""
         tokens = sum(int(a[0].shape[0] * a[0].shape[1]) if isinstance(a[0], torch.Tensor) and a[0].ndim == 3 else 1
                      for a in batch)
         started = time.perf_counter()
@@ -221,10 +311,34 @@ class BatchingInferencePool(PrioritizedTaskPool):
                             len(batch), type(exc).__name__, exc)
                 self.retried_batches += 1
                 results = [self._run_alone(args) for args in batch]
+        results = self._join_chunks(self._dispatched_tasks.get(uid, ()), results)
         if self.step_log is not None:
             self.step_log.write(len(batch), tokens, time.perf_counter() - started)
         self._count(len(batch))
         return results, tokens
+
+    def _join_chunks(self, parts: Sequence[_Part], results: list[Any]) -> list[Any]:
+        """Keep the outputs of chunks that do not end their step and requeue their tasks; a step's last chunk gets
+        every chunk's outputs joined; a failed chunk fails its step (what it had run is dropped)."""
+        for i, (part, result) in enumerate(zip(parts, results)):
+            if part.whole:
+                continue
+            self.chunks_run += 1
+            done = self._partial.pop(part.task.uid, [])
+            if isinstance(result, BaseException):
+                continue
+            done.append(result[0])
+            if part.last:
+                results[i] = (torch.cat(done, dim=1),)
+                continue
+            self._partial[part.task.uid] = done
+            results[i] = _NOT_YET
+            task = part.task
+            self._ordered_tasks.put(task)
+            self.batch_sender.send(None)  # the task counts as queued again until its last chunk is taken
+            if (task.priority, task.time_submitted) < self.priority:
+                self.priority = (task.priority, task.time_submitted)
+        return results
 
     def _run_alone(self, args: Sequence[Any]) -> Any:
         """PETALS' one-task step (``process_func``): its outputs, or the exception it raised."""
@@ -255,11 +369,14 @@ class BatchingInferencePool(PrioritizedTaskPool):
 
     def send_outputs_from_runtime(self, uid: int, batch_outputs: list[Any]) -> None:
         """Give each task of batch ``uid`` its own outputs (in shared memory, as PETALS does) or its exception."""
-        tasks = self._dispatched_tasks.pop(uid, None)
-        if tasks is None:
+        parts = self._dispatched_tasks.pop(uid, None)
+        if parts is None:
             log.error("internal error: batch %s is missing from the dispatched tasks; no result set", uid)
             return
-        for task, result in zip(tasks, batch_outputs):
+        for part, result in zip(parts, batch_outputs):
+            task = part.task
+            if result is _NOT_YET:
+                continue
             if isinstance(result, BaseException):
                 task.future.set_exception(result)
             else:
@@ -268,13 +385,15 @@ class BatchingInferencePool(PrioritizedTaskPool):
 
     def send_exception_from_runtime(self, uid: int, exception: BaseException) -> None:
         """The runtime failed outside the step itself: every task of batch ``uid`` gets the exception."""
-        tasks = self._dispatched_tasks.pop(uid, None)
-        if tasks is None:
+        parts = self._dispatched_tasks.pop(uid, None)
+        if parts is None:
             log.error("internal error: batch %s is missing from the dispatched tasks; exception %s lost", uid,
                       exception)
             return
-        for task in tasks:
-            task.future.set_exception(exception)
+        for part in parts:
+            self._partial.pop(part.task.uid, None)
+            if not part.task.future.done():
+                part.task.future.set_exception(exception)
 
 
 class PinnedRuntime(RuntimeWithDeduplicatedPools):
@@ -333,8 +452,25 @@ class BatchingRuntime(PinnedRuntime):
         """A batching pool's batch: per task outputs (or exceptions) and the tokens; any other pool: PETALS'."""
         if isinstance(pool, BatchingInferencePool):
             self._pin_once()
-            return pool.run_batch(batch[0])
+            return pool.run_batch(batch[0], batch_index)
         return super().process_batch(pool, batch_index, *batch)
+
+
+_PETALS_SHORT_STEP = {}  # PETALS' own limits on the tokens of a step that goes to the merged pool, saved once
+
+
+def route_long_steps_to_merged_pool(merged: bool) -> None:
+    """PETALS sends a step of more than 128 tokens (``MAX_SHORT_INFERENCE_TOKENS``; 1 for NF4) block by block
+    through each backend's pool; ``merged`` sends every step to the merged pool instead, where the batching pool
+    cuts long ones into chunks (chunked prefill); False restores PETALS' limits. Module attributes of
+    ``petals.server.block_functions``, read at each step; set before the server forks its handlers."""
+    import petals.server.block_functions as block_functions
+
+    names = ("MAX_SHORT_INFERENCE_TOKENS", "MAX_NF4_SHORT_INFERENCE_TOKENS")
+    if not _PETALS_SHORT_STEP:
+        _PETALS_SHORT_STEP.update({n: getattr(block_functions, n) for n in names})
+    for name in names:
+        setattr(block_functions, name, sys.maxsize if merged else _PETALS_SHORT_STEP[name])
 
 
 def batchable_span(backends: dict[str, Any]) -> str | None:
@@ -354,8 +490,10 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
     why = batchable_span(backends) if config.enabled else "--max-batch-sessions 1"
     if why is not None:
         log.info("inference steps run one session at a time (PETALS' pool): %s", why)
+        route_long_steps_to_merged_pool(False)
         merge_inference_pools_inplace(backends)
         return
+    route_long_steps_to_merged_pool(True)
     first_pool = next(iter(backends.values())).inference_pool
     batched = BatchedMergedInferenceStep(backends, attention=config.attention)
     pool = BatchingInferencePool(_MergedInferenceStep(backends), batched, config=config,
@@ -364,8 +502,9 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
     for backend in backends.values():
         assert not backend.inference_pool.is_alive()
         backend.inference_pool = pool
-    log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step,"
-             " attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens, config.attention)
+    log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step, longer"
+             " steps in chunks; attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens,
+             config.attention)
 
 
 def install_batching(config: BatchingConfig) -> None:
@@ -383,5 +522,6 @@ def install_batching(config: BatchingConfig) -> None:
         petals_server.RuntimeWithDeduplicatedPools = BatchingRuntime
     else:
         petals_server.merge_inference_pools_inplace = petals_backend.merge_inference_pools_inplace
+        route_long_steps_to_merged_pool(False)
         petals_server.RuntimeWithDeduplicatedPools = PinnedRuntime if config.runtime_cpus else \
             RuntimeWithDeduplicatedPools

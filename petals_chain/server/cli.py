@@ -103,6 +103,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="how a batched decode step attends: per_session (each session over its own cache in place), "
                         "gathered (the caches copied into one padded batch, one attention), auto (gathered on a "
                         f"CUDA device, else per session); default {defaults.BATCH_ATTENTION}")
+    g.add_argument("--kv-arena", choices=defaults.KV_ARENA_MODES, default=defaults.KV_ARENA,
+                   help="keep the sessions' KV caches as rows of one tensor per block, so a batched decode attends "
+                        "over them in place (each session is charged a full slot): on, off, or auto (on for caches "
+                        f"on a CUDA device); needs batching; default {defaults.KV_ARENA}")
     g.add_argument("--runtime-cpus", type=_cpu_list, default=(), metavar="LIST",
                    help="run the runtime thread (the one that computes every inference step) on these CPUs, e.g. "
                         "0 or 0-3,8, and the server's other threads and processes (connection handlers, DHT, pools) "
@@ -153,12 +157,12 @@ def _positive(name: str, value: float | None) -> None:
 
 def batching_config(args: argparse.Namespace) -> Any:
     """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--batch-attention``, ``--runtime-cpus``, ``--step-log``."""
+    ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``."""
     from petals_chain.server.batching import BatchingConfig
 
     return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
                           max_tokens=args.max_batch_tokens, step_log=args.step_log, attention=args.batch_attention,
-                          runtime_cpus=args.runtime_cpus)
+                          runtime_cpus=args.runtime_cpus, kv_arena=args.kv_arena)
 
 
 def build_server(args: argparse.Namespace) -> Any:

@@ -28,6 +28,7 @@ from petals_chain.protocol.http_client import OrchestratorError
 from petals_chain.protocol.messages import DRAINED_REASON
 from petals_chain.protocol.replies import AssignmentInfo
 from petals_chain.server.batching import BatchingConfig, install_batching
+from petals_chain.server.kv_arena import ArenaLayout, install_kv_arena
 from petals_chain.server.kv_handler import install_kv_transfer
 from petals_chain.service_time import Workload, tau_c
 
@@ -233,6 +234,9 @@ class OrchestratedServer(Server):
             )
         self.num_blocks = m
         self.attn_cache_bytes = self.cache_slots * self.sizes.cache_bytes
+        install_kv_arena(ArenaLayout(  # c sessions' rows per block, each of --max-length tokens (server/kv_arena.py)
+            rows=self.cache_slots // m, pairs=m, length=self.sizes.max_length,
+            mode=self.batching.kv_arena if self.batching.enabled and self.cache_slots >= m else "off"))
         self._chosen = span
         used = self.sizes.block_bytes * m + self.attn_cache_bytes
         log.info(

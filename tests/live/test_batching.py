@@ -1,5 +1,7 @@
 """Cross-session batching on a real swarm: SmolLM2-135M over two orchestrated servers that batch their sessions'
 steps (the default), 1, 2, 4 and 8 concurrent greedy sessions of different prompt lengths and lengths of output.
+The first server keeps its caches as a GPU server does by default (``--kv-arena on``: rows of one arena per block;
+``--batch-attention gathered``: decode batches attend over the arena in place), the second as a CPU server does.
 
 Sessions open one after the other (each as soon as the previous one holds its lease) and stop after different
 numbers of tokens, so they join running batches with a prefill and leave them at different steps. Every
@@ -18,6 +20,7 @@ import torch
 
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 from petals_chain.server.batching import BATCH_LOG_PREFIX
+from petals_chain.server.kv_arena import ARENA_LOG_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -43,7 +46,9 @@ def swarm_model(tmp_path_factory: pytest.TempPathFactory):
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
 
-    plans = [ServerPlan("a", "300MB"), ServerPlan("b", "300MB")]
+    # a: the layout a GPU server gets by default (its caches rows of one arena per block, decode batches attending
+    # over them in place); b: this machine's default (each session's own tensors, attention per session)
+    plans = [ServerPlan("a", "300MB", ("--kv-arena", "on", "--batch-attention", "gathered")), ServerPlan("b", "300MB")]
     with LocalSwarm(SMOLLM2, plans, log_dir=tmp_path_factory.mktemp("batch-logs"), model_name="SmolLM2-135M-Instruct",
                     max_length=256, arrival_rate=0.2, c=MAX_SESSIONS) as sw:
         sw.start(timeout_s=360)
@@ -127,7 +132,9 @@ def test_steps_of_several_sessions_ran_as_one_batch(swarm_model, cases) -> None:
     sw, model = swarm_model
     for proc in sw.procs:
         if proc.name in ("a", "b"):
-            assert "sessions run together" in proc.log_path.read_text(errors="replace"), proc.log_tail()
+            text = proc.log_path.read_text(errors="replace")
+            assert "sessions run together" in text, proc.log_tail()
+            assert (ARENA_LOG_PREFIX in text) == (proc.name == "a"), proc.log_tail()  # only a keeps arenas
     if _largest_batch(sw) < 2:  # run on its own, this test makes its own concurrency
         _run_concurrent(model, cases, 4)
     assert _largest_batch(sw) >= 2, [p.log_tail() for p in sw.procs]

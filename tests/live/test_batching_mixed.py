@@ -1,5 +1,7 @@
 """Everything at once on batching servers: sessions joining and leaving at random steps, speculative decoding with
-rollbacks, a KV migration of a live session and a server killed mid-generation, in one run on one swarm.
+rollbacks, a KV migration of a live session and a server killed mid-generation, in one run on one swarm, under a
+tokens-per-step budget (16) that the longer prompts and every failover replay exceed, so those prefills run in
+chunks beside the other sessions' steps.
 
 The swarm: the tiny random LLaMA of tests/live/test_swarm.py (4 blocks; its checkpoint and local greedy reference
 are reused) on five batching servers (the default; each writes its ``--step-log``) composed, as in
@@ -70,6 +72,7 @@ MAX_LENGTH = 256
 SESSION_LENGTH = 128
 C = 4  # slots per chain: several sessions per chain, so the servers batch
 WIDTH = 4  # the speculative session's width
+MAX_BATCH_TOKENS = 16  # below the longest prompts and every failover replay: those prefills run in chunks
 PACER_TOKENS = 64  # g0's new tokens; the other greedy sessions join at steps of it
 MIGRATE_AFTER, MIGRATE_THEN = 8, 24  # mig's tokens before and after its move
 SPEC_TOKENS = 60
@@ -130,7 +133,8 @@ def mixed_swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
     log_dir = tmp_path_factory.mktemp("mixed-logs")
     steps = {name: log_dir / f"{name}-steps.csv" for name in BUDGETS}
-    plans = [ServerPlan(name, budget, ("--step-log", str(steps[name]))) for name, budget in BUDGETS.items()]
+    plans = [ServerPlan(name, budget, ("--step-log", str(steps[name]), "--max-batch-tokens", str(MAX_BATCH_TOKENS)))
+             for name, budget in BUDGETS.items()]
     with LocalSwarm(tiny_dir, plans, log_dir=log_dir, model_name="tiny-mixed", max_length=MAX_LENGTH,
                     arrival_rate=15.0, c=C, lease_ttl_s=20.0, heartbeat_timeout_s=15.0) as sw:
         sw.start(timeout_s=240)
@@ -335,6 +339,9 @@ def test_mixed_sessions_speculation_migration_and_failover_on_batching_servers(m
     assert max(largest.values()) >= 2, largest
     mixed = sum(1 for r in rows.values() for s, t in r if s >= 2 and t > s)
     assert mixed >= 1, rows  # a prefill or a speculative verification shared a step with other sessions
+    # -- chunked prefill: steps longer than the budget (prompts, replays) ran in chunks within it --
+    assert max(len(j.prompt) for j in jobs) > MAX_BATCH_TOKENS
+    assert max(t for r in rows.values() for _, t in r) <= MAX_BATCH_TOKENS, rows
     resumed = [f.recovered_s - killed_s for f in spec.record.failovers if f.recovered_s is not None]
     print(f"\n[mixed] {elapsed_s:.1f} s; killed {victim_name} with {sorted(on_victim)} on it (spec resumed "
           f"{min(resumed, default=float('nan')):.2f} s after the kill); failovers: "

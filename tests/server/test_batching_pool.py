@@ -17,8 +17,9 @@ import time
 import pytest
 import torch
 
-from petals_chain.server.batching import (BatchingConfig, BatchingInferencePool, BatchingRuntime, install_batching,
-                                          merge_batching_pools_inplace)
+from petals_chain.server.batching import (_PETALS_SHORT_STEP, BatchingConfig, BatchingInferencePool, BatchingRuntime,
+                                          install_batching, merge_batching_pools_inplace,
+                                          route_long_steps_to_merged_pool)
 from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
 
 MAX_LENGTH = 32
@@ -46,6 +47,7 @@ def pool_and_backends():
     yield pool, backends
     pool.shutdown()
     pool.join(5)
+    route_long_steps_to_merged_pool(False)  # merging set PETALS' module for a server process
 
 
 def _wait_queued(pool: BatchingInferencePool, n: int) -> None:
@@ -71,7 +73,7 @@ def _reference(backends, hidden, prefix: int, handles) -> torch.Tensor:
 def _run(pool: BatchingInferencePool) -> int:
     """What the runtime does for one batch; returns how many tasks it held."""
     uid, (batch,) = pool.load_batch_to_runtime()
-    results, _ = pool.run_batch(batch)
+    results, _ = pool.run_batch(batch, uid)
     pool.send_outputs_from_runtime(uid, results)
     return len(batch)
 
@@ -155,6 +157,105 @@ def test_a_bad_session_fails_only_itself(pool_and_backends) -> None:
         assert (fut.result(5)[0] - _reference(backends, h, 0, ref)).abs().max().item() < TOL
 
 
+def test_long_step_runs_in_chunks_beside_decodes(pool_and_backends) -> None:
+    """A 100-token prefill (max_tokens 64: anything over 32 is long) runs in chunks: the first beside two decodes
+    that take their 2 tokens and leave it the other 62, the rest alone; no batch exceeds the budget; the prefill's
+    future gets the whole output, equal to PETALS' step over all 100 tokens, and the cache it left serves the next
+    decode as PETALS' cache does."""
+    pool, backends = pool_and_backends
+    torch.manual_seed(3)
+    long_len = 100
+    bat, ref = allocate_session(backends, 1, 128), allocate_session(backends, 1, 128)
+    decoders = [tuple(allocate_session(backends, 1, MAX_LENGTH) for _ in range(2)) for _ in range(2)]
+    for d_bat, d_ref in decoders:
+        h = torch.randn(1, 4, TINY.hidden)
+        _reference(backends, h, 0, d_bat)
+        _reference(backends, h, 0, d_ref)
+    prompt = torch.randn(1, long_len, TINY.hidden)
+    f_long = _submit(pool, backends, bat, prompt, 0)
+    steps = [torch.randn(1, 1, TINY.hidden) for _ in decoders]
+    f_dec = [_submit(pool, backends, d_bat, h, 4) for (d_bat, _), h in zip(decoders, steps)]
+    _wait_queued(pool, 3)
+    sizes = []
+    while not pool.empty:
+        uid, (batch,) = pool.load_batch_to_runtime()
+        results, tokens = pool.run_batch(batch, uid)
+        pool.send_outputs_from_runtime(uid, results)
+        sizes.append((len(batch), tokens))
+    assert sizes == [(3, 64), (1, 38)], sizes
+    assert pool.chunks_run == 2 and not pool._partial
+    (got,) = f_long.result(5)
+    assert got.shape == prompt.shape
+    assert (got - _reference(backends, prompt, 0, ref)).abs().max().item() < TOL
+    for fut, (_, d_ref), h in zip(f_dec, decoders, steps):
+        assert (fut.result(5)[0] - _reference(backends, h, 4, d_ref)).abs().max().item() < TOL
+    nxt = torch.randn(1, 1, TINY.hidden)
+    f_next = _submit(pool, backends, bat, nxt, long_len)
+    _wait_queued(pool, 1)
+    assert _run(pool) == 1
+    assert (f_next.result(5)[0] - _reference(backends, nxt, long_len, ref)).abs().max().item() < TOL
+
+
+def test_a_long_step_waits_while_short_steps_fill_half_the_budget(pool_and_backends) -> None:
+    """A long step joins a batch only while half the budget is free, one long step per batch: behind a 40-token
+    head (long: over 32), a second long prefill waits; behind short steps of 30 tokens, a long one takes the 34
+    left; two long steps never share a batch."""
+    pool, backends = pool_and_backends
+    s = [allocate_session(backends, 1, 128) for _ in range(4)]
+    f = [_submit(pool, backends, s[0], torch.randn(1, 40, TINY.hidden), 0),
+         _submit(pool, backends, s[1], torch.randn(1, 40, TINY.hidden), 0)]
+    _wait_queued(pool, 2)
+    assert _run(pool) == 1  # the head alone (40 tokens fit the budget: one chunk)
+    assert _run(pool) == 1
+    f += [_submit(pool, backends, s[2], torch.randn(1, 30, TINY.hidden), 0),
+          _submit(pool, backends, s[3], torch.randn(1, 50, TINY.hidden), 0)]
+    _wait_queued(pool, 2)
+    uid, (batch,) = pool.load_batch_to_runtime()
+    assert [a[0].shape[1] for a in batch] == [30, 34]
+    pool.send_outputs_from_runtime(uid, pool.run_batch(batch, uid)[0])
+    assert _run(pool) == 1  # the last 16 of the 50
+    for fut in f:
+        assert fut.result(5)[0].shape[1] in (30, 40, 50)
+    assert pool.empty and not pool._partial
+
+
+def test_runtime_serves_a_chunked_prefill_beside_decoding_sessions() -> None:
+    """PETALS' runtime loop (our runtime class, its output senders in other threads): a 90-token prefill at
+    max_tokens 32 goes in chunks while three sessions decode; every output equals PETALS' step."""
+    backends = _backends(BatchingConfig(max_sessions=8, window_s=0.005, max_tokens=32))
+    runtime = BatchingRuntime(backends, device=None, prefetch_batches=1)
+    pool = next(iter(backends.values())).inference_pool
+    runtime.start()
+    assert runtime.ready.wait(10)
+    try:
+        torch.manual_seed(4)
+        inputs = [[torch.randn(1, 90, TINY.hidden), torch.randn(1, 1, TINY.hidden)]]
+        inputs += [[torch.randn(1, 3 if t == 0 else 1, TINY.hidden) for t in range(6)] for _ in range(3)]
+        outs: dict[int, list[torch.Tensor]] = {}
+
+        def session(i: int) -> None:
+            handles = allocate_session(backends, 1, 128)
+            pos, got = 0, []
+            for h in inputs[i]:
+                got.append(_submit(pool, backends, handles, h, pos).result(60)[0])
+                pos += h.shape[1]
+            outs[i] = got
+
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(len(inputs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for i, steps in enumerate(inputs):
+            ref, pos = allocate_session(backends, 1, 128), 0
+            for h, got in zip(steps, outs[i]):
+                assert (got - _reference(backends, h, pos, ref)).abs().max().item() < TOL
+                pos += h.shape[1]
+        assert pool.chunks_run >= 3, pool.chunks_run
+    finally:
+        runtime.shutdown()
+
+
 def test_window_waits_only_for_sessions_of_recent_batches() -> None:
     """After a batch of sessions A and B, a step of A waits (up to the window) for B's and they run together;
     sessions that left are waited for only while they were in the last two batches."""
@@ -230,6 +331,7 @@ def test_runtime_serves_concurrent_sessions_and_forward_pools_still_work() -> No
 
 def test_install_swaps_petals_internals_and_one_session_restores_them() -> None:
     import petals.server.backend as petals_backend
+    import petals.server.block_functions as block_functions
     import petals.server.server as petals_server
 
     original_runtime = petals_server.RuntimeWithDeduplicatedPools
@@ -237,9 +339,13 @@ def test_install_swaps_petals_internals_and_one_session_restores_them() -> None:
         install_batching(BatchingConfig(max_sessions=4))
         assert petals_server.RuntimeWithDeduplicatedPools is BatchingRuntime
         assert petals_server.merge_inference_pools_inplace is not petals_backend.merge_inference_pools_inplace
+        _backends(BatchingConfig(max_sessions=4))  # a batching pool: every step goes to it, long ones in chunks
+        assert block_functions.MAX_SHORT_INFERENCE_TOKENS > 10**9
         install_batching(BatchingConfig(max_sessions=1))
         assert petals_server.RuntimeWithDeduplicatedPools is original_runtime
         assert petals_server.merge_inference_pools_inplace is petals_backend.merge_inference_pools_inplace
+        assert block_functions.MAX_SHORT_INFERENCE_TOKENS == 128  # PETALS' own limit (and NF4's) is back
+        assert block_functions.MAX_NF4_SHORT_INFERENCE_TOKENS == _PETALS_SHORT_STEP["MAX_NF4_SHORT_INFERENCE_TOKENS"]
     finally:
         install_batching(BatchingConfig(max_sessions=1))
 
