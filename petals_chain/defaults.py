@@ -63,6 +63,14 @@ BATCH_WINDOW_S = 0.020
 # Most tokens (hypotheses x new tokens, summed over sessions) in one batched step: bounds its working memory
 # (about 32 KiB per token for SmolLM2 in float32) and how long a decode waits behind a prefill sharing its step.
 MAX_BATCH_TOKENS = 256
+# Most tokens a long step (a prompt, a failover replay) advances per batched step: it runs in chunks of this many
+# beside the other sessions' steps (chunked prefill), so a decode never waits for more than one chunk. Measured on
+# this machine's CPU (bench server-prefill, results/bench/server-prefill.txt: 4-8 sessions decoding beside a 512-1024
+# token prompt): chunks of 32 stall decodes 0.42-0.49 as long as PETALS' pool, and finish the prompt in 0.34-0.56 of
+# its time; chunks of 256 finish it a little sooner but stall decodes 1.9-2.3x as long as PETALS. On a GPU a chunk
+# of 256 tokens over a span costs about a decode step's weight traffic, so CUDA servers take 256.
+PREFILL_CHUNK_TOKENS_CPU = 32
+PREFILL_CHUNK_TOKENS_CUDA = 256
 # How a batched decode step attends (server/batched_step.py): "per_session" runs each session's attention in place
 # over its own cache; "gathered" copies the sessions' caches into one padded batch and attends once; "auto" picks
 # gathered on a CUDA device and per session elsewhere. Measured: on an H200 (results/gpu-batched/, LLaMA-2-7B

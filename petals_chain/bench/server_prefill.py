@@ -10,9 +10,10 @@ of P tokens. The three servers, with the same weights and inputs:
 
 * ``petals``: PETALS' pool and runtime (one task at a time); the prompt goes block by block, one pool task per
   block, which is what PETALS' ``iterate_rpc_inference`` does with a step over 128 tokens;
-* ``per block``: our batching pool and runtime (``--max-batch-tokens``), the prompt still block by block (the
-  batching server before chunked prefill);
-* ``chunked``: the prompt as one task, which the pool cuts into chunks that share steps with the decodes.
+* ``per block``: our batching pool and runtime, the prompt still block by block and each block's task whole (the
+  batching server before chunked prefill; its token budget raised to the prompt so nothing is cut);
+* ``chunked T``: the prompt as one task, which the pool cuts into chunks of T tokens that share steps with the
+  decodes (``--prefill-chunk-tokens T``, the default ``--max-batch-tokens``), for each T of ``--chunks``.
 
 Per (b, P) it prints the prompt's latency, the decode steps' median and longest latency while the prompt was in
 flight (a decode's stall behind the prompt), the decodes' tokens/s over that interval, and their median latency
@@ -48,7 +49,7 @@ class Figures:
     during_tps: float
 
 
-def _server(config, n_blocks: int, mode: str, max_tokens: int, seed: int):
+def _server(config, n_blocks: int, mode: str, max_tokens: int, chunk: int | None, seed: int):
     """(backends, runtime) of one server: ``mode`` "petals" (PETALS' pool and runtime) or a batching one."""
     from petals.server.backend import merge_inference_pools_inplace
     from petals.server.server import RuntimeWithDeduplicatedPools
@@ -61,7 +62,7 @@ def _server(config, n_blocks: int, mode: str, max_tokens: int, seed: int):
         merge_inference_pools_inplace(backends)
         runtime_class = RuntimeWithDeduplicatedPools
     else:
-        merge_batching_pools_inplace(backends, BatchingConfig(max_tokens=max_tokens))
+        merge_batching_pools_inplace(backends, BatchingConfig(max_tokens=max_tokens, prefill_chunk_tokens=chunk))
         runtime_class = BatchingRuntime
     for backend in backends.values():  # one process: the runtime must answer the very future it was given
         for pool in backend.get_pools():
@@ -69,15 +70,19 @@ def _server(config, n_blocks: int, mode: str, max_tokens: int, seed: int):
     return backends, runtime_class(backends, device=None, prefetch_batches=1)
 
 
-def _one_run(config, n_blocks: int, mode: str, b: int, context: int, prompt_len: int, max_tokens: int,
+def _one_run(config, n_blocks: int, mode: str, b: int, context: int, prompt_len: int, chunk: int,
              seed: int) -> Figures:
-    """Start a server, ``b`` decoding sessions, then the prompt; stop everything; the figures."""
+    """Start a server, ``b`` decoding sessions, then the prompt; stop everything; the figures. ``chunk``: the
+    chunked server's ``--prefill-chunk-tokens``."""
     from petals.data_structures import InferenceMetadata
     from petals.server.backend import _MergedInferenceStep
 
     from petals_chain.server.random_span import allocate_session, inference_infos
 
-    backends, runtime = _server(config, n_blocks, mode, max_tokens, seed)
+    max_tokens = defaults.MAX_BATCH_TOKENS
+    if mode == "per block":  # each block's task whole: budget and chunks of the prompt's tokens
+        max_tokens = chunk = max(prompt_len, max_tokens)
+    backends, runtime = _server(config, n_blocks, mode, max_tokens, chunk, seed)
     pool = next(iter(backends.values())).inference_pool
     gen = torch.Generator().manual_seed(seed)
     max_length = context + 4096
@@ -117,7 +122,7 @@ def _one_run(config, n_blocks: int, mode: str, b: int, context: int, prompt_len:
         while min(len(s) for s in spans) < WARM_STEPS and not errors:
             time.sleep(0.01)
         t_in = time.perf_counter()
-        if mode == "chunked":
+        if mode.startswith("chunked"):
             pool.submit_task(prompt, NO_HYPO, inference_infos(backends, prompt_handles, 0), *nones,
                              priority=1.0).result(600)
         else:  # PETALS' path for a step over 128 tokens: one task per block, each on the last one's output
@@ -147,13 +152,15 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, nargs="+", default=[4, 8], help="b, decoding sessions (default 4 8)")
     p.add_argument("--prompts", type=int, nargs="+", default=[512, 1024], help="prompt lengths (default 512 1024)")
     p.add_argument("--context", type=int, default=128, help="tokens in each decoding session's cache (default 128)")
-    p.add_argument("--max-batch-tokens", type=int, default=defaults.MAX_BATCH_TOKENS,
-                   help=f"the batching servers' --max-batch-tokens (default {defaults.MAX_BATCH_TOKENS})")
+    p.add_argument("--chunks", type=int, nargs="+",
+                   default=[defaults.PREFILL_CHUNK_TOKENS_CPU, defaults.PREFILL_CHUNK_TOKENS_CUDA],
+                   help="the chunked servers' --prefill-chunk-tokens, one run each (default "
+                        f"{defaults.PREFILL_CHUNK_TOKENS_CPU} {defaults.PREFILL_CHUNK_TOKENS_CUDA})")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.blocks < 1 or min(args.sessions) < 1 or min(args.prompts) < 1 or args.context < 1 \
-            or args.max_batch_tokens < 2:
-        print("error: --blocks, --sessions, --prompts and --context must be >= 1, --max-batch-tokens >= 2")
+            or min(args.chunks) < 2:
+        print("error: --blocks, --sessions, --prompts and --context must be >= 1, --chunks >= 2")
         return 2
     from petals_chain.server.batching import route_long_steps_to_merged_pool
     from petals_chain.server.random_span import SMOLLM2_ROPE_THETA, llama_config
@@ -162,20 +169,21 @@ def run(argv: list[str] | None = None) -> int:
     config = llama_config(known_shape("smollm2-135m"), rope_theta=SMOLLM2_ROPE_THETA,
                           max_positions=args.context + 4096 + max(args.prompts))
     load_before = os.getloadavg()
-    modes = ("petals", "per block", "chunked")
+    modes = ("petals", "per block", *(f"chunked {t}" for t in args.chunks))
     print(f"SmolLM2-135M-shaped blocks (random weights), {args.blocks} blocks, float32, 1 torch thread, in process; "
-          f"decoding sessions at context {args.context}; batching servers at --max-batch-tokens "
-          f"{args.max_batch_tokens}")
-    print(f"{'b':>3} {'P':>5} {'server':>10} | {'prompt s':>8} | {'decode ms: before':>17} {'during p50':>10} "
+          f"decoding sessions at context {args.context}; chunked T: a batching server with chunks of T "
+          f"tokens (--max-batch-tokens {defaults.MAX_BATCH_TOKENS})")
+    print(f"{'b':>3} {'P':>5} {'server':>11} | {'prompt s':>8} | {'decode ms: before':>17} {'during p50':>10} "
           f"{'max':>7} | {'decode tok/s during':>19} | {'prompt/petals':>13} {'max/petals':>10}")
     try:
         for b in args.sessions:
             for prompt_len in args.prompts:
-                figures = {m: _one_run(config, args.blocks, m, b, args.context, prompt_len, args.max_batch_tokens,
-                                       args.seed) for m in modes}
+                figures = {m: _one_run(config, args.blocks, m, b, args.context, prompt_len,
+                                       int(m.split()[1]) if m.startswith("chunked") else 0, args.seed)
+                           for m in modes}
                 ref = figures["petals"]
                 for mode, f in figures.items():
-                    print(f"{b:>3} {prompt_len:>5} {mode:>10} | {f.prompt_s:>8.2f} | "
+                    print(f"{b:>3} {prompt_len:>5} {mode:>11} | {f.prompt_s:>8.2f} | "
                           f"{1e3 * statistics.median(f.before):>17.1f} {1e3 * statistics.median(f.during):>10.1f} "
                           f"{1e3 * max(f.during):>7.1f} | {f.during_tps:>19.1f} | {f.prompt_s / ref.prompt_s:>13.2f} "
                           f"{max(f.during) / max(ref.during):>10.2f}", flush=True)

@@ -9,7 +9,7 @@ case) runs such a batch through :class:`~petals_chain.server.batched_step.Batche
 pool returns each session's outputs, or its own exception, to that session's future. If a batched step fails,
 its sessions are run again one at a time through PETALS' own step, so one bad session cannot fail the others
 (the batched step only writes a session's cache at the positions its step owns, which the retry overwrites).
-A step longer than half of ``max_tokens`` (a prompt, a failover replay) runs in chunks that share batches with
+A step longer than ``prefill_chunk_tokens`` (a prompt, a failover replay) runs in chunks that share batches with
 other sessions' steps (chunked prefill, :meth:`BatchingInferencePool._gather`); for that, every step is sent to the
 merged pool (:func:`route_long_steps_to_merged_pool`) instead of PETALS' block-by-block path for long ones.
 
@@ -26,13 +26,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import sys
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 BATCH_LOG_PREFIX = "batched inference step of"  # the log line of each new largest batch (live tests read it)
 STATS_PERIOD_S = 30.0  # how often the pool logs its histogram of sessions per step (when it changed)
 RECENT_BATCHES = 2  # a session seen in this many last batches is expected back (the window waits for it)
+PERIOD_SMOOTHING = 0.5  # weight of the newest gap between a session's steps in its estimated period
 STEP_LOG_ENV = "PETALS_CHAIN_STEP_LOG"  # a CSV path: every runtime batch appends "sessions,tokens,seconds"
 
 
@@ -85,19 +87,30 @@ class BatchingConfig:
     max_sessions: int = defaults.MAX_BATCH_SESSIONS
     window_s: float = defaults.BATCH_WINDOW_S
     max_tokens: int = defaults.MAX_BATCH_TOKENS
+    prefill_chunk_tokens: int | None = None  # None: by device (defaults.PREFILL_CHUNK_TOKENS_CPU / _CUDA)
     step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
     attention: str = defaults.BATCH_ATTENTION
     runtime_cpus: tuple[int, ...] = ()  # the runtime thread's CPUs; the server's other threads get the rest
     kv_arena: str = defaults.KV_ARENA  # sessions' caches as rows of one tensor per block (server/kv_arena.py)
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0:
-            raise ValueError(f"batching needs max_sessions >= 1, max_tokens >= 1, window_s >= 0; got {self}")
+        if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0 or \
+                (self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1):
+            raise ValueError("batching needs max_sessions >= 1, max_tokens >= 1, window_s >= 0, prefill_chunk_tokens "
+                             f">= 1; got {self}")
         if self.attention not in defaults.BATCH_ATTENTION_MECHANISMS:
             raise ValueError(f"batching attention must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)},"
                              f" got {self.attention!r}")
         if self.kv_arena not in defaults.KV_ARENA_MODES:
             raise ValueError(f"kv arena must be one of {', '.join(defaults.KV_ARENA_MODES)}, got {self.kv_arena!r}")
+
+    def for_device(self, device: torch.device | str | None) -> BatchingConfig:
+        """This config with the prefill chunk resolved for a server on ``device`` (None: CPU)."""
+        if self.prefill_chunk_tokens is not None:
+            return self
+        cuda = device is not None and torch.device(device).type == "cuda"
+        return replace(self, prefill_chunk_tokens=defaults.PREFILL_CHUNK_TOKENS_CUDA if cuda else
+                       defaults.PREFILL_CHUNK_TOKENS_CPU)
 
     @property
     def enabled(self) -> bool:
@@ -183,6 +196,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self.batched_step = batched_step
         self.config = config
         self._recent: deque[frozenset[int]] = deque(maxlen=RECENT_BATCHES)
+        self._arrivals: dict[int, tuple[float, float]] = {}  # session → (its last step's submission, period or nan)
         self.sessions_per_step: Counter[int] = Counter()  # how many runtime batches had k sessions
         self.retried_batches = 0
         self._largest = 1
@@ -213,10 +227,33 @@ class BatchingInferencePool(PrioritizedTaskPool):
                 first: Task = q.queue[0]
                 self.priority = (first.priority, first.time_submitted)
         self._recent.append(frozenset(k[1] for p in parts if (k := _batchable_key(p.task.args)) is not None))
+        self._note_arrivals(parts)
         batch = [[_move_to_device_if_tensor(arg, device, share_memory=False) for arg in p.args()] for p in parts]
         uid = next(self._batch_ids)
         self._dispatched_tasks[uid] = parts
         return uid, [batch]
+
+    def _note_arrivals(self, parts: Sequence[_Part]) -> None:
+        """Record when each session's new step was submitted and smooth its period (the gap between its steps);
+        forget sessions that left the recent batches (the record stays as small as the batches)."""
+        for part in parts:
+            k = _batchable_key(part.task.args)
+            if k is None or part.start:  # a step's later chunks are not new arrivals
+                continue
+            t = part.task.time_submitted
+            last, period = self._arrivals.get(k[1], (math.nan, math.nan))
+            gap = t - last
+            period = gap if math.isnan(period) else PERIOD_SMOOTHING * gap + (1 - PERIOD_SMOOTHING) * period
+            self._arrivals[k[1]] = (t, period)
+        recent = set().union(*self._recent)
+        for session in [s for s in self._arrivals if s not in recent]:
+            del self._arrivals[session]
+
+    def _due(self, session: int, by: float) -> bool:
+        """Whether ``session``'s next step is expected by ``by`` (its last submission plus its period; late ones
+        too), or its period is not known yet."""
+        last, period = self._arrivals.get(session, (math.nan, math.nan))
+        return math.isnan(period) or last + period <= by
 
     def _left(self, task: Task) -> tuple[int, int]:
         """(new-token positions of the task's step not run yet, hypotheses) of a batchable task."""
@@ -228,18 +265,21 @@ class BatchingInferencePool(PrioritizedTaskPool):
         """The parts of ``head`` and of the queued tasks that can join it (priority order), waiting up to the window
         for sessions of the recent batches that are not here yet.
 
-        Chunked prefill: a step with more tokens left than half of ``max_tokens`` is *long*. At most one long step
-        joins a batch, and only while half the budget is free; it then runs as many of its next positions as the
-        budget leaves after the other steps (at least half of it), and goes back to the queue with its place (its
+        Chunked prefill: a step with more tokens left than ``prefill_chunk_tokens`` (C) is *long*. At most one long
+        step joins a batch, and only while min(C, half the budget) is free; it then runs as many of its next
+        positions as C and the budget leave after the other steps, and goes back to the queue with its place (its
         priority and submission time) until its last chunk has run. So a long prompt shares its steps with the
-        decodes of other sessions instead of holding the runtime for its whole prefill, and no step exceeds the
-        budget. Short steps run whole."""
+        decodes of other sessions instead of holding the runtime for its whole prefill, a decode waits at most one
+        chunk, and no step exceeds the budget. Short steps run whole."""
         uids, _ = key
         budget = self.config.max_tokens
-        half = max(1, budget // 2)
+        chunk = min(budget, self.config.prefill_chunk_tokens or defaults.PREFILL_CHUNK_TOKENS_CPU)
+        reserve = max(1, min(chunk, budget // 2))
         sessions = {key[1]}
-        expected = set().union(*self._recent) | sessions
-        target = min(self.config.max_sessions, len(expected))
+        deadline = time.monotonic() + self.config.window_s
+        # the window waits for the sessions of the recent batches whose next step is due before it ends (late ones
+        # included): sessions that run a step apart, as on a chain behind round trips, are not waited for
+        due = {s for s in set().union(*self._recent) - sessions if self._due(s, deadline)}
         whole: list[Task] = []
         long: Task | None = None
         fixed = 0  # tokens of the steps that run whole
@@ -247,12 +287,12 @@ class BatchingInferencePool(PrioritizedTaskPool):
         def join(task: Task) -> bool:
             nonlocal long, fixed
             left, hyp = self._left(task)
-            if hyp * left > half:
-                if long is not None or fixed > budget - half:
+            if hyp * left > chunk:
+                if long is not None or fixed > budget - reserve:
                     return False
                 long = task
                 return True
-            if fixed + hyp * left > budget - (half if long is not None else 0):
+            if fixed + hyp * left > budget - (reserve if long is not None else 0):
                 return False
             whole.append(task)
             fixed += hyp * left
@@ -260,7 +300,6 @@ class BatchingInferencePool(PrioritizedTaskPool):
 
         join(head)
         q = self._ordered_tasks
-        deadline = time.monotonic() + self.config.window_s
         with q.not_empty:  # the queue's own lock: the prioritizer thread's put() waits while we scan
             while True:
                 keep: list[Task] = []
@@ -275,8 +314,9 @@ class BatchingInferencePool(PrioritizedTaskPool):
                     q.queue[:] = keep
                     heapq.heapify(q.queue)
                 remaining = deadline - time.monotonic()
-                full = long is not None or fixed >= budget
-                if len(whole) + (long is not None) >= target or remaining <= 0 or full:
+                full = fixed >= budget or (long is not None and fixed + min(chunk, budget - fixed) >= budget) \
+                    or len(whole) + (long is not None) >= self.config.max_sessions
+                if due <= sessions or remaining <= 0 or full:
                     break
                 q.not_empty.wait(remaining)  # released while waiting; a put() wakes us to scan again
         parts = []
@@ -287,7 +327,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         if long is not None:
             left, hyp = self._left(long)
             total = int(long.args[0].shape[1])
-            length = min(left, max(1, (budget - fixed) // hyp))
+            length = min(left, max(1, min(chunk, budget - fixed) // hyp))
             parts.append(_Part(long, total - left, length, total))
         return parts
 
@@ -495,6 +535,7 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
         return
     route_long_steps_to_merged_pool(True)
     first_pool = next(iter(backends.values())).inference_pool
+    config = config.for_device(first_pool.device)
     batched = BatchedMergedInferenceStep(backends, attention=config.attention)
     pool = BatchingInferencePool(_MergedInferenceStep(backends), batched, config=config,
                                  max_batch_size=first_pool.max_batch_size, device=first_pool.device,
@@ -503,8 +544,8 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
         assert not backend.inference_pool.is_alive()
         backend.inference_pool = pool
     log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step, longer"
-             " steps in chunks; attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens,
-             config.attention)
+             " steps in chunks of %d; attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens,
+             config.prefill_chunk_tokens, config.attention)
 
 
 def install_batching(config: BatchingConfig) -> None:

@@ -97,8 +97,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                       "their next step yet (a lone session never waits); default "
                                       f"{defaults.BATCH_WINDOW_S * 1e3:g}")
     g.add_argument("--max-batch-tokens", type=positive_int_arg, default=defaults.MAX_BATCH_TOKENS,
-                   help="most tokens (hypotheses x new tokens over all sessions) in one batched step; a single "
-                        f"larger step still runs, alone; default {defaults.MAX_BATCH_TOKENS}")
+                   help="most tokens (hypotheses x new tokens over all sessions) in one batched step; longer steps "
+                        f"run in chunks (--prefill-chunk-tokens); default {defaults.MAX_BATCH_TOKENS}")
+    g.add_argument("--prefill-chunk-tokens", type=_positive_int_or_auto, default=None, metavar="N|auto",
+                   help="most tokens a long step (a prompt, a failover replay) advances per batched step; longer "
+                        "ones run in chunks beside the other sessions' steps; auto: "
+                        f"{defaults.PREFILL_CHUNK_TOKENS_CUDA} on a CUDA device, {defaults.PREFILL_CHUNK_TOKENS_CPU} "
+                        "on a CPU (measured: bench server-prefill); default auto")
     g.add_argument("--batch-attention", choices=defaults.BATCH_ATTENTION_MECHANISMS, default=defaults.BATCH_ATTENTION,
                    help="how a batched decode step attends: per_session (each session over its own cache in place), "
                         "gathered (the caches copied into one padded batch, one attention), auto (gathered on a "
@@ -117,6 +122,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return token_files(p.parse_args(argv), "--token")
+
+
+def _positive_int_or_auto(text: str) -> int | None:
+    """'auto' → None (chosen by the server's device), else a positive integer (argparse type)."""
+    if text == "auto":
+        return None
+    return positive_int_arg(text)
 
 
 def _cpu_list(text: str) -> tuple[int, ...]:
@@ -157,11 +169,12 @@ def _positive(name: str, value: float | None) -> None:
 
 def batching_config(args: argparse.Namespace) -> Any:
     """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``."""
+    ``--prefill-chunk-tokens``, ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``."""
     from petals_chain.server.batching import BatchingConfig
 
     return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
-                          max_tokens=args.max_batch_tokens, step_log=args.step_log, attention=args.batch_attention,
+                          max_tokens=args.max_batch_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
+                          step_log=args.step_log, attention=args.batch_attention,
                           runtime_cpus=args.runtime_cpus, kv_arena=args.kv_arena)
 
 

@@ -18,6 +18,9 @@ def test_defaults_batch_and_come_from_defaults_py() -> None:
     assert cfg.max_tokens == defaults.MAX_BATCH_TOKENS
     assert cfg.attention == defaults.BATCH_ATTENTION == "auto"
     assert cfg.kv_arena == defaults.KV_ARENA == "auto"
+    assert cfg.prefill_chunk_tokens is None  # auto: by device
+    assert cfg.for_device("cpu").prefill_chunk_tokens == defaults.PREFILL_CHUNK_TOKENS_CPU
+    assert cfg.for_device("cuda:0").prefill_chunk_tokens == defaults.PREFILL_CHUNK_TOKENS_CUDA
 
 
 def test_options_reach_the_config() -> None:
@@ -28,13 +31,17 @@ def test_options_reach_the_config() -> None:
     assert batching_config(parse_args([*BASE, "--batch-window-ms", "0"])).window_s == 0
     assert batching_config(parse_args([*BASE, "--batch-attention", "gathered"])).attention == "gathered"
     assert batching_config(parse_args([*BASE, "--kv-arena", "on"])).kv_arena == "on"
+    chunked = batching_config(parse_args([*BASE, "--prefill-chunk-tokens", "48"]))
+    assert chunked.prefill_chunk_tokens == 48 == chunked.for_device("cuda").prefill_chunk_tokens
+    assert batching_config(parse_args([*BASE, "--prefill-chunk-tokens", "auto"])).prefill_chunk_tokens is None
 
 
 @pytest.mark.parametrize("option, value", [
     ("--max-batch-sessions", "0"), ("--max-batch-sessions", "-3"), ("--max-batch-sessions", "2.5"),
     ("--max-batch-sessions", "many"), ("--batch-window-ms", "-1"), ("--batch-window-ms", "nan"),
     ("--batch-window-ms", "inf"), ("--batch-window-ms", "1e9"), ("--max-batch-tokens", "0"),
-    ("--max-batch-tokens", "x"), ("--batch-attention", "paged"), ("--kv-arena", "yes"), ("--runtime-cpus", "zero"),
+    ("--max-batch-tokens", "x"), ("--batch-attention", "paged"), ("--kv-arena", "yes"), ("--prefill-chunk-tokens", "0"),
+    ("--prefill-chunk-tokens", "some"), ("--runtime-cpus", "zero"),
     ("--runtime-cpus", "3-1"), ("--runtime-cpus", "4096"), ("--runtime-cpus", "0-4095"),
 ])
 def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str, capsys) -> None:

@@ -10,6 +10,7 @@ future set by the runtime is the test's own object (hivemind's MPFuture answers 
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -17,6 +18,7 @@ import time
 import pytest
 import torch
 
+from petals_chain import defaults
 from petals_chain.server.batching import (_PETALS_SHORT_STEP, BatchingConfig, BatchingInferencePool, BatchingRuntime,
                                           install_batching, merge_batching_pools_inplace,
                                           route_long_steps_to_merged_pool)
@@ -38,16 +40,25 @@ def _backends(config: BatchingConfig, seed: int = 0) -> dict:
     return backends
 
 
-@pytest.fixture
-def pool_and_backends():
-    backends = _backends(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64))
+@contextlib.contextmanager
+def _started_pool(config: BatchingConfig):
+    """A batching pool over fresh backends, its prioritizer thread running; stopped after."""
+    backends = _backends(config)
     pool = next(iter(backends.values())).inference_pool
     assert isinstance(pool, BatchingInferencePool)
     pool.start()
-    yield pool, backends
-    pool.shutdown()
-    pool.join(5)
-    route_long_steps_to_merged_pool(False)  # merging set PETALS' module for a server process
+    try:
+        yield pool, backends
+    finally:
+        pool.shutdown()
+        pool.join(5)
+        route_long_steps_to_merged_pool(False)  # merging set PETALS' module for a server process
+
+
+@pytest.fixture
+def pool_and_backends():
+    with _started_pool(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64)) as out:
+        yield out
 
 
 def _wait_queued(pool: BatchingInferencePool, n: int) -> None:
@@ -122,20 +133,22 @@ def test_what_cannot_join_stays_queued_in_order_and_priority_follows_the_head(po
         assert fut.result(5)[0].shape == h.shape
 
 
-def test_token_cap_and_one_session_per_batch(pool_and_backends) -> None:
-    """Steps beyond the tokens-per-step cap wait for the next batch, and a session's second step never joins its
-    first."""
-    pool, backends = pool_and_backends
-    a, b = (allocate_session(backends, 1, 2 * MAX_LENGTH) for _ in range(2))
-    big = torch.randn(1, 40, TINY.hidden)
-    f1 = _submit(pool, backends, a, big, 0)
-    f2 = _submit(pool, backends, b, big, 0)  # 80 > max_tokens = 64
-    f3 = _submit(pool, backends, a, torch.randn(1, 1, TINY.hidden), 40)  # same session as f1
-    _wait_queued(pool, 3)
-    assert _run(pool) == 1
-    assert _run(pool) == 2  # b's prefill and a's decode (different sessions, 41 tokens)
-    for f in (f1, f2, f3):
-        f.result(5)
+def test_token_cap_and_one_session_per_batch() -> None:
+    """Steps beyond the tokens-per-step cap wait for the next batch (chunks of 64: these steps run whole), and a
+    session's second step never joins its first."""
+    with _started_pool(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64, prefill_chunk_tokens=64)) as out:
+        pool, backends = out
+        a, b = (allocate_session(backends, 1, 2 * MAX_LENGTH) for _ in range(2))
+        big = torch.randn(1, 40, TINY.hidden)
+        f1 = _submit(pool, backends, a, big, 0)
+        f2 = _submit(pool, backends, b, big, 0)  # 80 > max_tokens = 64
+        f3 = _submit(pool, backends, a, torch.randn(1, 1, TINY.hidden), 40)  # same session as f1
+        _wait_queued(pool, 3)
+        assert _run(pool) == 1
+        assert _run(pool) == 2  # b's prefill and a's decode (different sessions, 41 tokens)
+        for f in (f1, f2, f3):
+            f.result(5)
+        assert pool.chunks_run == 0
 
 
 def test_a_bad_session_fails_only_itself(pool_and_backends) -> None:
@@ -157,12 +170,16 @@ def test_a_bad_session_fails_only_itself(pool_and_backends) -> None:
         assert (fut.result(5)[0] - _reference(backends, h, 0, ref)).abs().max().item() < TOL
 
 
-def test_long_step_runs_in_chunks_beside_decodes(pool_and_backends) -> None:
-    """A 100-token prefill (max_tokens 64: anything over 32 is long) runs in chunks: the first beside two decodes
-    that take their 2 tokens and leave it the other 62, the rest alone; no batch exceeds the budget; the prefill's
-    future gets the whole output, equal to PETALS' step over all 100 tokens, and the cache it left serves the next
-    decode as PETALS' cache does."""
-    pool, backends = pool_and_backends
+def test_long_step_runs_in_chunks_beside_decodes() -> None:
+    """A 100-token prefill (budget 64, chunks of up to 64) runs in chunks: the first beside two decodes that take
+    their 2 tokens and leave it the other 62, the rest (38) next; no batch exceeds the budget; the prefill's future
+    gets the whole output, equal to PETALS' step over all 100 tokens, and the cache it left serves the next decode as
+    PETALS' cache does."""
+    with _started_pool(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64, prefill_chunk_tokens=64)) as out:
+        _long_step_beside_decodes(*out)
+
+
+def _long_step_beside_decodes(pool: BatchingInferencePool, backends: dict) -> None:
     torch.manual_seed(3)
     long_len = 100
     bat, ref = allocate_session(backends, 1, 128), allocate_session(backends, 1, 128)
@@ -196,35 +213,43 @@ def test_long_step_runs_in_chunks_beside_decodes(pool_and_backends) -> None:
     assert (f_next.result(5)[0] - _reference(backends, nxt, long_len, ref)).abs().max().item() < TOL
 
 
-def test_a_long_step_waits_while_short_steps_fill_half_the_budget(pool_and_backends) -> None:
-    """A long step joins a batch only while half the budget is free, one long step per batch: behind a 40-token
-    head (long: over 32), a second long prefill waits; behind short steps of 30 tokens, a long one takes the 34
-    left; two long steps never share a batch."""
-    pool, backends = pool_and_backends
-    s = [allocate_session(backends, 1, 128) for _ in range(4)]
-    f = [_submit(pool, backends, s[0], torch.randn(1, 40, TINY.hidden), 0),
-         _submit(pool, backends, s[1], torch.randn(1, 40, TINY.hidden), 0)]
-    _wait_queued(pool, 2)
-    assert _run(pool) == 1  # the head alone (40 tokens fit the budget: one chunk)
-    assert _run(pool) == 1
-    f += [_submit(pool, backends, s[2], torch.randn(1, 30, TINY.hidden), 0),
-          _submit(pool, backends, s[3], torch.randn(1, 50, TINY.hidden), 0)]
-    _wait_queued(pool, 2)
-    uid, (batch,) = pool.load_batch_to_runtime()
-    assert [a[0].shape[1] for a in batch] == [30, 34]
-    pool.send_outputs_from_runtime(uid, pool.run_batch(batch, uid)[0])
-    assert _run(pool) == 1  # the last 16 of the 50
-    for fut in f:
-        assert fut.result(5)[0].shape[1] in (30, 40, 50)
-    assert pool.empty and not pool._partial
+def test_chunks_one_long_step_per_batch_within_the_budget() -> None:
+    """Budget 64, chunks of 32 (the reserve for a long step: 32): two 40-token prompts never share a batch as two
+    long steps; the first's last 8 tokens run whole beside the second's first chunk; a long step joins short steps
+    while they leave it 32 tokens and takes at most 32; behind 40 tokens of short steps it waits."""
+    with _started_pool(BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64, prefill_chunk_tokens=32)) as out:
+        pool, backends = out
+        s = [allocate_session(backends, 1, 128) for _ in range(7)]
+
+        def submit(i: int, n: int):
+            return _submit(pool, backends, s[i], torch.randn(1, n, TINY.hidden), 0)
+
+        def batch_lengths() -> list[int]:
+            uid, (batch,) = pool.load_batch_to_runtime()
+            pool.send_outputs_from_runtime(uid, pool.run_batch(batch, uid)[0])
+            return sorted(a[0].shape[1] for a in batch)
+
+        futures = [submit(0, 40), submit(1, 40)]
+        _wait_queued(pool, 2)
+        assert [batch_lengths() for _ in range(3)] == [[32], [8, 32], [8]]
+        futures += [submit(2, 30), submit(3, 50)]
+        _wait_queued(pool, 2)
+        assert [batch_lengths() for _ in range(2)] == [[30, 32], [18]]
+        futures += [submit(4, 20), submit(5, 20), submit(6, 50)]
+        _wait_queued(pool, 3)
+        assert [batch_lengths() for _ in range(3)] == [[20, 20], [32], [18]]
+        for fut in futures:
+            assert fut.result(5)[0].shape[1] in (20, 30, 40, 50)
+        assert pool.empty and not pool._partial and pool.chunks_run == 8  # two chunks each of 40, 40, 50, 50
 
 
 def test_runtime_serves_a_chunked_prefill_beside_decoding_sessions() -> None:
     """PETALS' runtime loop (our runtime class, its output senders in other threads): a 90-token prefill at
     max_tokens 32 goes in chunks while three sessions decode; every output equals PETALS' step."""
-    backends = _backends(BatchingConfig(max_sessions=8, window_s=0.005, max_tokens=32))
+    backends = _backends(BatchingConfig(max_sessions=8, window_s=0.005, max_tokens=32))  # chunks of 32 (the CPU's)
     runtime = BatchingRuntime(backends, device=None, prefetch_batches=1)
     pool = next(iter(backends.values())).inference_pool
+    assert pool.config.prefill_chunk_tokens == defaults.PREFILL_CHUNK_TOKENS_CPU
     runtime.start()
     assert runtime.ready.wait(10)
     try:
@@ -287,6 +312,37 @@ def test_window_waits_only_for_sessions_of_recent_batches() -> None:
     finally:
         pool.shutdown()
         pool.join(5)
+
+
+@pytest.mark.parametrize("b_after, together", [(0.35, False), (0.08, True)])
+def test_window_waits_only_for_sessions_due_within_it(b_after: float, together: bool) -> None:
+    """Two sessions stepping every 0.6 s, B ``b_after`` s after A (window 0.2 s). Once B's period is known (third
+    round on), A's step waits for B only if B's next step is due within the window: 0.35 s after (a step apart, as
+    on a chain behind round trips) A runs at once and alone; 0.08 s after, A waits and they run together."""
+    with _started_pool(BatchingConfig(max_sessions=4, window_s=0.2, max_tokens=64)) as (pool, backends):
+        a, b = (allocate_session(backends, 1, MAX_LENGTH) for _ in range(2))
+        h = torch.randn(1, 1, TINY.hidden)
+        start, rounds, waits, sizes = time.monotonic(), 5, [], []
+        for r in range(rounds):
+            time.sleep(max(0.0, start + 0.6 * r - time.monotonic()))
+            _submit(pool, backends, a, h, r)
+            timer = threading.Timer(b_after, lambda r=r: _submit(pool, backends, b, h, r))
+            timer.start()
+            _wait_queued(pool, 1)
+            t0 = time.monotonic()
+            uid, (batch,) = pool.load_batch_to_runtime()
+            waits.append(time.monotonic() - t0)
+            sizes.append(len(batch))
+            pool.send_outputs_from_runtime(uid, pool.run_batch(batch, uid)[0])
+            timer.join()
+            if len(batch) == 1:  # B's step on its own
+                _wait_queued(pool, 1)
+                _run(pool)
+        print(f"B {b_after} s after A: A's waits {[round(w, 3) for w in waits]}, sessions per A's batch {sizes}")
+        if together:
+            assert sizes[2:] == [2] * (rounds - 2)
+        else:
+            assert sizes[2:] == [1] * (rounds - 2) and max(waits[2:]) < 0.1, waits
 
 
 def test_runtime_serves_concurrent_sessions_and_forward_pools_still_work() -> None:

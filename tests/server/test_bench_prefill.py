@@ -10,11 +10,11 @@ from petals_chain.bench import server_prefill
 
 def test_three_servers_one_row_each(capsys: pytest.CaptureFixture[str]) -> None:
     assert server_prefill.run(["--blocks", "2", "--sessions", "2", "--prompts", "40", "--context", "8",
-                               "--max-batch-tokens", "16"]) == 0
+                               "--chunks", "16"]) == 0
     rows = [line.split("|")[0].split() for line in capsys.readouterr().out.splitlines() if line.startswith("  2 ")]
-    assert [r[2:] for r in rows] == [["petals"], ["per", "block"], ["chunked"]]
+    assert [r[2:] for r in rows] == [["petals"], ["per", "block"], ["chunked", "16"]]
 
 
 def test_bad_option_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert server_prefill.run(["--max-batch-tokens", "1"]) == 2
+    assert server_prefill.run(["--chunks", "1"]) == 2
     assert capsys.readouterr().out.count("\n") == 1
