@@ -64,11 +64,13 @@ BATCH_WINDOW_S = 0.020
 # (about 32 KiB per token for SmolLM2 in float32) and how long a decode waits behind a prefill sharing its step.
 MAX_BATCH_TOKENS = 256
 # Most tokens a long step (a prompt, a failover replay) advances per batched step: it runs in chunks of this many
-# beside the other sessions' steps (chunked prefill), so a decode never waits for more than one chunk. Measured on
-# this machine's CPU (bench server-prefill, results/bench/server-prefill.txt: 4-8 sessions decoding beside a 512-1024
-# token prompt): chunks of 32 stall decodes 0.42-0.49 as long as PETALS' pool, and finish the prompt in 0.34-0.56 of
-# its time; chunks of 256 finish it a little sooner but stall decodes 1.9-2.3x as long as PETALS. On a GPU a chunk
-# of 256 tokens over a span costs about a decode step's weight traffic, so CUDA servers take 256.
+# beside the other sessions' steps (chunked prefill), so a decode waits for at most one chunk. Measured on this
+# machine's CPU (bench server-prefill, results/bench/server-prefill.txt: 4-8 sessions decoding, 15 blocks, beside a
+# 512-1024-token prompt; one run per cell): chunks of 32 stall decodes 0.23-0.59 as long as PETALS' pool does and
+# finish the prompt in 0.38-0.66 of its time (PETALS' block-by-block path on our pool: 0.40-1.23 and 0.46-0.84);
+# chunks of 16 stall decodes least (0.25-0.32) but the prompt takes 0.54-0.95; chunks of 256 finish it soonest
+# (0.19-0.47) but stall decodes 2.2-3.8x as long as PETALS. On a GPU a chunk of 256 tokens over a span costs about
+# a decode step's weight traffic (not measured here), so CUDA servers take 256.
 PREFILL_CHUNK_TOKENS_CPU = 32
 PREFILL_CHUNK_TOKENS_CUDA = 256
 # How a batched decode step attends (server/batched_step.py): "per_session" runs each session's attention in place

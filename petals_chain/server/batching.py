@@ -277,9 +277,10 @@ class BatchingInferencePool(PrioritizedTaskPool):
         reserve = max(1, min(chunk, budget // 2))
         sessions = {key[1]}
         deadline = time.monotonic() + self.config.window_s
-        # the window waits for the sessions of the recent batches whose next step is due before it ends (late ones
-        # included): sessions that run a step apart, as on a chain behind round trips, are not waited for
-        due = {s for s in set().union(*self._recent) - sessions if self._due(s, deadline)}
+        # the window waits for the sessions of the recent batches whose next step is due within a window after it
+        # ends (late ones included; the margin keeps sessions in lockstep despite jitter): sessions that run a step
+        # apart, as on a chain behind round trips, are not waited for
+        due = {s for s in set().union(*self._recent) - sessions if self._due(s, deadline + self.config.window_s)}
         whole: list[Task] = []
         long: Task | None = None
         fixed = 0  # tokens of the steps that run whole

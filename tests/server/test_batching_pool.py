@@ -314,17 +314,18 @@ def test_window_waits_only_for_sessions_of_recent_batches() -> None:
         pool.join(5)
 
 
-@pytest.mark.parametrize("b_after, together", [(0.35, False), (0.08, True)])
+@pytest.mark.parametrize("b_after, together", [(0.5, False), (0.08, True)])
 def test_window_waits_only_for_sessions_due_within_it(b_after: float, together: bool) -> None:
-    """Two sessions stepping every 0.6 s, B ``b_after`` s after A (window 0.2 s). Once B's period is known (third
-    round on), A's step waits for B only if B's next step is due within the window: 0.35 s after (a step apart, as
-    on a chain behind round trips) A runs at once and alone; 0.08 s after, A waits and they run together."""
+    """Two sessions stepping every second, B ``b_after`` s after A (window 0.2 s). Once B's period is known (third
+    round on), A's step waits for B only if B's next step is due within the window plus a window's margin: 0.5 s
+    after (a step apart, as on a chain behind round trips) A runs at once and alone; 0.08 s after, A waits and they
+    run together."""
     with _started_pool(BatchingConfig(max_sessions=4, window_s=0.2, max_tokens=64)) as (pool, backends):
         a, b = (allocate_session(backends, 1, MAX_LENGTH) for _ in range(2))
         h = torch.randn(1, 1, TINY.hidden)
         start, rounds, waits, sizes = time.monotonic(), 5, [], []
         for r in range(rounds):
-            time.sleep(max(0.0, start + 0.6 * r - time.monotonic()))
+            time.sleep(max(0.0, start + 1.0 * r - time.monotonic()))
             _submit(pool, backends, a, h, r)
             timer = threading.Timer(b_after, lambda r=r: _submit(pool, backends, b, h, r))
             timer.start()
