@@ -30,6 +30,9 @@ class Priority:
     gpus_per_machine: int = 8
 
 
+PAPER_OPS = ("depart", "update", "allocate")  # the operations Theorem 3 bounds (not overflow, refill, sweep)
+
+
 @dataclass(frozen=True)
 class OpRecord:
     """One operation of a slot: its kind, its request (or GPU for an overflow or a refill) and the moves it made,

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from petals_chain.mell.invariants import capacity_violations, theorem1_violations
-from petals_chain.mell.scheduler import MellScheduler
+from petals_chain.mell.scheduler import PAPER_OPS, MellScheduler
 from tests.mell.randseq import _draw, run_sequence
 
 C = 1000
 PAPER_BOUND = 10
-PAPER_OPS = ("depart", "update", "allocate")
 
 
 def _checked(seed: int, single_op: bool, steps: int, stats: dict) -> None:
@@ -83,8 +82,8 @@ def test_theorem3_bounds_scheduler_moves_per_operation():
 
 
 def test_without_tiny_requests_moves_per_operation_stay_small():
-    """With no multi-items, no operation (run whole, without batching) moved more than the paper's 10 requests in our runs
-    (observed max 7)."""
+    """With no multi-items, no operation (run whole, without batching) moved more than the paper's 10 requests in
+    our runs (observed max 7)."""
     worst = 0
     for seed in range(80):
         for res in run_sequence(MellScheduler(C, batching=False), np.random.default_rng(seed), 40, tiny_share=0.0):
