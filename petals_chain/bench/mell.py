@@ -13,6 +13,10 @@ mode Mell's adaptive division would pick for each.
 ``--division-only N``: the simulator (Mell and load balancing, both settings, the four workloads, N requests, the
 same arrivals per cell) with its moves divided by first fit and by the fastest rule: seconds of stall the moves
 cost, moves per mode, peak GPUs.
+
+``--batching-sweep N``: Mell with and without operation batching on N Poisson requests, for slots of 1, 10, 50
+and 200 decode steps and the paper's frequent and infrequent rates: requests moved and scheduler moves each way
+and the saving (experiments/mell_fig13.py, ``batching_sweep``).
 """
 
 from __future__ import annotations
@@ -80,7 +84,14 @@ def run(argv: list[str] | None = None) -> int:
                     "(0: no capped run)")
     ap.add_argument("--division-only", type=int, default=0, metavar="N",
                     help="only compare the simulator's division rules 'first' and 'fastest' on N requests per cell")
+    ap.add_argument("--batching-sweep", type=int, default=0, metavar="N",
+                    help="only sweep operation batching's saving over slot length and arrival rate on N requests")
     args = ap.parse_args(argv)
+    if args.batching_sweep:
+        if args.batching_sweep < 1:
+            print(f"error: --batching-sweep must be >= 1 requests, got {args.batching_sweep}")
+            return 2
+        return _batching_sweep(args.batching_sweep, args.seed)
     if args.division_only:
         if args.division_only < 1:
             print(f"error: --division-only must be >= 1 requests, got {args.division_only}")
@@ -125,6 +136,20 @@ def _division(requests: int, seed: int) -> int:
                 modes = ["/".join(str(r.modes[m]) for m in ("kv", "token", "defer")) for r in (a, b)]
                 print(f"{setting:>9} {wl:>13} {policy:>6} {a.stall_s:13.1f} {b.stall_s:9.1f} {modes[0]:>21} "
                       f"{modes[1]:>17} {a.peak_gpus:>4} / {b.peak_gpus:<4}", flush=True)
+    return 0
+
+
+def _batching_sweep(requests: int, seed: int) -> int:
+    """Print batching's saving per slot length and arrival rate (requests moved and scheduler moves)."""
+    from petals_chain.experiments.mell_fig13 import batching_sweep
+
+    print(f"{'gap s':>6} {'slot':>5} {'arr/slot':>8} {'requests moved':>21} {'saving':>7} "
+          f"{'scheduler moves':>19} {'saving':>7} {'peak GPUs':>10}")
+    for r in batching_sweep(requests, seed):
+        print(f"{r['gap_s']:6.2f} {r['slot_tokens']:5d} {r['arrivals_per_slot']:8.2f} "
+              f"{r['moves_nobatch']:>10} -> {r['moves_batch']:<7} {r['saving_pct']:6.1f}% "
+              f"{r['item_moves_nobatch']:>8} -> {r['item_moves_batch']:<7} {r['item_saving_pct']:6.1f}% "
+              f"{r['peak_gpus_nobatch']:>4} / {r['peak_gpus_batch']:<4}", flush=True)
     return 0
 
 

@@ -90,6 +90,13 @@ def run_grid(args, policies, workloads=WORKLOADS, settings=tuple(SETTINGS), desc
                                  "migrations": res.migrations, "migrations_raw": res.migrations_raw,
                                  "migrations_per_s": res.migrations_per_s, "preemptions": res.preemptions,
                                  "max_moves_per_op": res.max_moves_per_op, "stall_s": res.stall_s,
+                                 "item_migrations": res.item_migrations,
+                                 "item_migrations_per_s": res.item_migrations_per_s,
+                                 "sweep_migrations": res.sweep_migrations,
+                                 "sweep_item_migrations": res.sweep_item_migrations,
+                                 "paper_migrations_per_s": res.paper_migrations_per_s,
+                                 "max_item_moves_per_op": res.max_item_moves_per_op,
+                                 "overfull_gpu_slots": res.overfull_gpu_slots,
                                  "kv_moves": res.modes.get("kv", 0), "token_moves": res.modes.get("token", 0),
                                  "deferred_moves": res.modes.get("defer", 0)})
                     bar.update()
@@ -126,7 +133,13 @@ def shared_grid(args) -> tuple[list[dict], dict]:
 
 
 GRID_INTS = ("run", "capacity_tokens", "peak_gpus", "migrations", "migrations_raw", "preemptions", "max_moves_per_op",
-             "kv_moves", "token_moves", "deferred_moves")  # integer columns of the grid CSVs
+             "kv_moves", "token_moves", "deferred_moves", "item_migrations", "sweep_migrations",
+             "sweep_item_migrations", "max_item_moves_per_op", "overfull_gpu_slots")  # integer columns of the grid CSVs
+
+
+def has_column(rows: list[dict], key: str) -> bool:
+    """Whether the grid rows carry ``key`` (CSVs written before a column existed lack it: say n/a, don't rerun)."""
+    return bool(rows) and all(key in r and r[key] != "" for r in rows)
 
 
 def grid_rows(args, name: str, policies=MAIN + PREEMPT) -> list[dict]:

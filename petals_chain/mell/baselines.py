@@ -34,6 +34,7 @@ class FitScheduler:
         self._final: dict[int, int] = {}
         self._reserved: dict[int, int] = {}
         self._res_arr = np.zeros(64, dtype=np.int64)
+        self._step_tokens = 0  # the most tokens a request grew by in one slot so far (what the next slot needs)
 
     def _room(self, g: int) -> int:
         """Tokens still free on GPU g: against reservations (final sizes) or against actual sizes."""
@@ -112,6 +113,7 @@ class FitScheduler:
             if r in st.size:
                 if s > self.C:
                     raise ValueError(f"request {r}: size {s} exceeds the capacity C={self.C}")
+                self._step_tokens = max(self._step_tokens, s - st.size[r])
                 st.grow(r, s)
         preempted: list[int] = []
         n = st._next_gpu
@@ -147,15 +149,57 @@ class FitScheduler:
 
 
 class LoadBalanceScheduler(FitScheduler):
-    """Llumnix-style LB: worst-fit dispatch, then each slot pair the least free GPUs with the most free ones
-    (freeness = free tokens per request) and move the shortest request while it narrows the gap."""
+    """Load balancing by KV migration as Llumnix does it (docs/mell.md, "Baselines").
 
-    def __init__(self, capacity_tokens: int, *, reserve: bool = True) -> None:
+    Freeness of a GPU = (free tokens − tokens its requests need for the next slot) / (requests + 1), on the
+    tokens actually held (Llumnix's free blocks), never on reservations. An arrival goes to the GPU of highest
+    freeness where it fits (Llumnix's load-aware dispatch; ``reserve`` decides what "fits" means, as for the
+    fit baselines). Every slot, GPUs below the freeness threshold (the mean, unless ``threshold`` is given) are
+    sources, the others destinations; the most loaded source is paired with the freest destination, the second
+    with the second, and so on, and each pair moves the source's shortest request while that narrows the
+    pair's freeness gap without reversing it and leaves the destination at or above the threshold
+    (Llumnix's "balanced" pair policy, repeated until the pair is balanced).
+
+    ``variant="v0"`` is our first reading, kept reachable: worst-fit dispatch, freeness on reservations
+    (free / requests), at most one move per pair per slot.
+    """
+
+    def __init__(self, capacity_tokens: int, *, reserve: bool = True, variant: str = "llumnix",
+                 threshold: float | None = None) -> None:
+        if variant not in ("llumnix", "v0"):
+            raise ValueError(f"variant must be 'llumnix' or 'v0', got {variant!r}")
         super().__init__(capacity_tokens, rule="worst", reserve=reserve)
-        self.name = "LB"
+        self.name = "LB" if variant == "llumnix" else "LB-v0"
+        self.variant = variant
+        self.threshold = threshold
 
-    def _freeness(self, g: int) -> float:
-        return self._room(g) / max(self.st.n_requests(g), 1)
+    def _freeness(self, g: int, d_tokens: int = 0, d_requests: int = 0) -> float:
+        """Freeness of GPU g if it gained ``d_tokens`` held tokens and ``d_requests`` requests."""
+        st = self.st
+        n = st.n_requests(g) + d_requests
+        if self.variant == "v0":
+            return (self._room(g) - d_tokens) / max(n, 1)
+        return (self.C - st.gpus[g].used - d_tokens - n * self._step_tokens) / (n + 1)
+
+    def _choose(self, size: int, exclude: int = -1) -> int:
+        """Dispatch: the fitting GPU of highest freeness (Llumnix), or worst fit for ``v0``."""
+        if self.variant == "v0":
+            return super()._choose(size, exclude)
+        st = self.st
+        n = st._next_gpu
+        if self.reserve:
+            self._grow_res(n)
+            room = self.C - self._res_arr[:n]
+        else:
+            room = self.C - st.used_arr[:n]
+        ok = (st.label_arr[:n] != -9) & (room >= size)
+        if 0 <= exclude < n:
+            ok[exclude] = False
+        if not ok.any():
+            return st.new_gpu()
+        nreq = st.nreq_arr[:n]
+        free = (self.C - st.used_arr[:n] - nreq * self._step_tokens) / (nreq + 1)
+        return int(np.argmax(np.where(ok, free, -np.inf)))
 
     def _shift(self, r: int, dst: int) -> None:
         """Move request r to GPU dst, carrying its reservation."""
@@ -165,23 +209,49 @@ class LoadBalanceScheduler(FitScheduler):
         self._add_reserved(dst, self._final[r])
 
     def _rebalance(self) -> list[Move]:
+        self.st.log = []
+        if self.variant == "v0":
+            self._rebalance_v0()
+        else:
+            self._rebalance_llumnix()
+        return list(self.st.log)
+
+    def _rebalance_llumnix(self) -> None:
+        st = self.st
+        if len(st.gpus) < 2:
+            return
+        free = {g: self._freeness(g) for g in st.gpus}
+        cut = self.threshold if self.threshold is not None else float(np.mean(list(free.values())))
+        srcs = sorted((g for g in free if free[g] < cut), key=lambda g: (free[g], g))
+        dsts = sorted((g for g in free if free[g] >= cut), key=lambda g: (-free[g], g))
+        for src, dst in zip(srcs, dsts):
+            while st.n_requests(src) > 0:
+                r = min((q for i in st.gpus[src].items for q in st.items[i].members), key=lambda q: (st.size[q], q))
+                s = st.size[r]
+                if self._room(dst) < (self._final[r] if self.reserve else s):
+                    break
+                before = self._freeness(dst) - self._freeness(src)
+                dst_after = self._freeness(dst, s, 1)
+                after = dst_after - self._freeness(src, -s, -1)
+                if not 0 < after < before or dst_after < cut:
+                    break
+                self._shift(r, dst)
+
+    def _rebalance_v0(self) -> None:
         st = self.st
         order = sorted(st.gpus, key=self._freeness)
-        moves: list[Move] = []
         half = len(order) // 2
         for src, dst in zip(order[:half], reversed(order[half:])):
             gap = self._freeness(dst) - self._freeness(src)
             if gap <= 0 or st.n_requests(src) < 2:
                 continue
             r = min((st.items[i].members[0] for i in st.gpus[src].items), key=lambda q: (st.size[q], q))
-            s = st.size[r]
-            need = self._final[r] if self.reserve else s
+            need = self._final[r] if self.reserve else st.size[r]
             if self._room(dst) < need:
                 continue
+            n0 = len(st.log)
             self._shift(r, dst)
             after = self._freeness(dst) - self._freeness(src)
             if not 0 < after < gap:
                 self._shift(r, src)
-                continue
-            moves.append(Move(r, src, dst, s))
-        return moves
+                del st.log[n0:]

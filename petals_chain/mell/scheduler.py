@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain.mell.classes import SizeClass
-from petals_chain.mell.state import Item, Move, PackingState
+from petals_chain.mell.state import Item, Move, PackingState, item_moves
 
 L, M, S, T, X = SizeClass.L, SizeClass.M, SizeClass.S, SizeClass.T, SizeClass.X
 
@@ -30,13 +30,22 @@ class Priority:
     gpus_per_machine: int = 8
 
 
+PAPER_OPS = ("depart", "update", "allocate")  # the operations Theorem 3 bounds (not overflow, refill, sweep)
+
+
 @dataclass(frozen=True)
 class OpRecord:
-    """One operation of a slot: its kind, its request (or GPU for an overflow) and the moves it made."""
+    """One operation of a slot: its kind, its request (or GPU for an overflow or a refill) and the moves it made,
+    counted as requests moved (``moves``) and as scheduler moves (``item_moves``: a multi-item counts once).
+
+    Kinds: the paper's ``depart``, ``update``, ``allocate``; ours: ``overflow`` (growth past C), ``refill``
+    (a refill that batching deferred to the end of the slot) and ``sweep`` (the end-of-slot sweep).
+    """
 
     kind: str
     subject: int
     moves: int
+    item_moves: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,9 +62,10 @@ class StepResult:
 class MellScheduler:
     """The online scheduler over one pool of identical GPUs of ``capacity_tokens`` each.
 
-    ``batching=True`` orders a slot's operations as departures, updates, allocations and executes only
-    each request's net move; ``batching=False`` runs them in request order (the paper's Algorithm 1)
-    and executes every move.
+    ``batching=True`` orders a slot's operations as departures, updates, allocations, defers the refills
+    they cause to the end of the slot (so a refill an arrival made useless is never made) and executes only
+    each request's net move; ``batching=False`` runs them in request order (the paper's Algorithm 1),
+    refills at once and executes every move (docs/mell.md, "Scheduler").
     """
 
     name = "Mell"
@@ -72,6 +82,7 @@ class MellScheduler:
         self._open_bundle = -1
         self._pending: dict[int, tuple[Item, int, SizeClass]] = {}
         self._touched: set[int] = set()
+        self._deferred: set[int] | None = None  # GPUs whose refill waits for the slot's end (batching only)
 
     # ---- priorities -------------------------------------------------------------------------------
     def prio(self, g: int) -> float:
@@ -112,6 +123,7 @@ class MellScheduler:
             ops.append((phase["allocate"], r, "allocate", r))
         ops.sort(key=(lambda o: (o[0], o[1])) if self.order == "phases" else (lambda o: (o[1], o[0])))
         records: list[OpRecord] = []
+        self._deferred = set() if self.batching and self.order == "phases" else None
         for _, r, kind, _ in ops:
             n0 = len(st.log)
             if kind == "depart":
@@ -120,20 +132,44 @@ class MellScheduler:
                 self._update(r)
             else:
                 self._arrive(r, arrivals[r])
-            records.append(OpRecord(kind, r, len(st.log) - n0))
+            records.append(self._record(kind, r, n0))
         n = st._next_gpu
         for g in np.flatnonzero((st.used_arr[:n] > self.C) & (st.label_arr[:n] != -9)).tolist():
             if g in st.gpus and st.gpus[g].used > self.C:
                 n0 = len(st.log)
                 self._overflow(g)
-                records.append(OpRecord("overflow", g, len(st.log) - n0))
+                records.append(self._record("overflow", g, n0))
+        deferred, self._deferred = self._deferred or set(), None
+        for g in sorted(deferred):  # the refills still needed once every arrival is placed
+            if g in st.gpus:
+                n0 = len(st.log)
+                self._restore(g)
+                records.append(self._record("refill", g, n0))
+        n0 = len(st.log)
         self._sweep()
+        if len(st.log) > n0:
+            records.append(self._record("sweep", -1, n0))
         raw = len(st.log)
         moves = tuple(self._net(arrivals)) if self.batching else tuple(st.log)
         return StepResult(moves, tuple(records), raw)
 
+    def _record(self, kind: str, subject: int, n0: int) -> OpRecord:
+        """The operation that made the log's moves from index ``n0`` on, counted as requests and as items."""
+        made = self.st.log[n0:]
+        return OpRecord(kind, subject, len(made), item_moves(made))
+
     def _sweep(self) -> None:
-        """End of slot: every GPU touched this slot that sits below 3C/4 takes T items if it may (properties 3, 5)."""
+        """End of slot: every GPU touched this slot that sits below 3C/4 takes T items if it may (properties 3, 5).
+
+        Not in the paper: its moves are marked ``sweep`` so that they can be counted apart."""
+        st = self.st
+        st.sweeping = True
+        try:
+            self._sweep_passes()
+        finally:
+            st.sweeping = False
+
+    def _sweep_passes(self) -> None:
         st = self.st
         for _ in range(3):
             touched = self._touched | {mv.src for mv in st.log} | {mv.dst for mv in st.log}
@@ -146,13 +182,17 @@ class MellScheduler:
                 return
 
     def _net(self, arrivals: Mapping[int, int]) -> list[Move]:
-        """Each live, not newly arrived request's first source and last destination of the slot."""
+        """Each live, not newly arrived request's first source and last destination of the slot (a chain of
+        moves becomes one; the moves of requests that left, or that only arrived, vanish). The net move keeps
+        the item of its last move and is a sweep move only if every move of the chain was."""
         first: dict[int, Move] = {}
         last: dict[int, Move] = {}
+        swept: dict[int, bool] = {}
         for mv in self.st.log:
             first.setdefault(mv.request, mv)
             last[mv.request] = mv
-        return [Move(r, mv.src, last[r].dst, self.st.size[r]) for r, mv in first.items()
+            swept[mv.request] = swept.get(mv.request, True) and mv.sweep
+        return [Move(r, mv.src, last[r].dst, self.st.size[r], last[r].item, swept[r]) for r, mv in first.items()
                 if r in self.st.size and r not in arrivals and mv.src != last[r].dst]
 
     def _apply_growth(self, growth: Mapping[int, int], gone: set[int]) -> list[int]:
@@ -296,9 +336,7 @@ class MellScheduler:
             for i in ms:
                 if i not in keep:
                     self._evict(st.items[i])
-            if not keep:
-                self._refill_l(g)
-            self._fill_t(g)
+            self._refill(g)
         elif lab == M:
             ts = sorted((i for i in st.gpus[g].items if st.item_class(st.items[i]) == T),
                         key=lambda i: st.item_size(st.items[i]))
@@ -376,8 +414,7 @@ class MellScheduler:
         else:
             dst = st.new_gpu()
             self._put(it, dst, src)
-            self._refill_l(dst)
-            self._fill_t(dst)
+            self._refill(dst)
 
     def _put(self, it: Item, dst: int, src: int) -> None:
         self.st.place(it, dst)
@@ -409,7 +446,8 @@ class MellScheduler:
 
     # ---- restoring a GPU --------------------------------------------------------------------------
     def _settle(self, g: int, old: SizeClass) -> None:
-        """After GPU g lost something: terminate it if empty, dissolve it if its label fell, else refill it."""
+        """After GPU g lost something: terminate it if empty, dissolve it if its label fell, else refill it
+        (when batching, the refill waits for the slot's end: an arrival may fill or empty g first)."""
         st = self.st
         if st.drop_gpu_if_empty(g):
             return
@@ -417,6 +455,22 @@ class MellScheduler:
         if new != old and old in (L, M, S):
             self._dissolve(g)
             return
+        self._refill(g)
+
+    def _refill(self, g: int) -> None:
+        """Refill GPU g now, or note it for the slot's end while batching defers refills."""
+        if self._deferred is not None:
+            self._deferred.add(g)
+        else:
+            self._restore(g)
+
+    def _restore(self, g: int) -> None:
+        """Refill GPU g by its label: an M/S-GPU short of its count from the latest of its class, an L-GPU
+        without M/S with one, any L/M/T-GPU below 3C/4 with T items."""
+        st = self.st
+        if g not in st.gpus:
+            return
+        new = st.gpus[g].label
         if new == M:
             if st.count(g, M) < 2 and st.latest(M) != g:
                 self._pull_same(g, M)

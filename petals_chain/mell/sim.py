@@ -3,7 +3,9 @@
 Each slot is ``tokens_per_slot`` decode steps: every running request's KV grows by that many tokens (one per
 step) until its output is done; arrivals enter with their prompt's KV (prefill); the scheduler's moves are
 split by the adaptive division into KV transfers and token replays, and a moved request stalls (does not
-decode) for its transfer or re-prefill time. Records GPUs, utilisation and migrations per slot.
+decode) for its transfer or re-prefill time. While it moves it holds its KV on both GPUs: the source stays
+active and holds the copy until the transfer or replay ends (``SimConfig.charge_migration_memory``). Records
+GPUs, utilisation and migrations (requests moved and scheduler moves) per slot.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from tqdm import tqdm
 
 from petals_chain.mell.hybrid import RULES, Budgets, Mode, Speeds, hybrid_divide, machine_path
+from petals_chain.mell.scheduler import PAPER_OPS
+from petals_chain.mell.state import item_moves
 from petals_chain.mell.workloads import Workload
 
 
@@ -33,6 +37,7 @@ class SimConfig:
     transfer_limit_s: float = 2.0  # a KV transfer must end within this (the communication boundary)
     prefill_limit_s: float = 0.5  # migration prefill per epoch that does not disturb the batch
     division_rule: str = "first"  # how hybrid_divide picks a move's mode (mell.hybrid.RULES)
+    charge_migration_memory: bool = True  # a moving request holds its KV on source and destination until done
 
     def __post_init__(self) -> None:
         for name in ("capacity_tokens", "kv_bytes_per_token", "tpot_s", "tokens_per_slot", "gpus_per_machine",
@@ -63,8 +68,14 @@ class SimResult:
     completed: int
     stall_s: float
     modes: dict[str, int] = field(default_factory=dict)
-    max_moves_per_op: int = 0
+    max_moves_per_op: int = 0  # requests moved by one Allocate/Depart/Update (the paper's operations)
     window: tuple[int, int] = (0, 0)
+    item_migrations: int = 0  # scheduler moves executed (a multi-item counts once)
+    sweep_migrations: int = 0  # requests moved by the end-of-slot sweep alone (ours, not the paper's)
+    sweep_item_migrations: int = 0
+    max_item_moves_per_op: int = 0  # scheduler moves of one Allocate/Depart/Update (Theorem 3's count)
+    copy_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # in-flight source copies
+    overfull_gpu_slots: int = 0  # (GPU, slot) pairs where the scheduler's tokens plus copies exceed C
 
     @property
     def peak_gpus(self) -> int:
@@ -86,8 +97,22 @@ class SimResult:
 
     @property
     def migrations_per_s(self) -> float:
-        span = max(self.window[1] - self.window[0], 1) * self.slot_s
-        return self.migrations / span
+        """Requests moved per second over the window."""
+        return self.migrations / self._span_s
+
+    @property
+    def item_migrations_per_s(self) -> float:
+        """Scheduler moves per second over the window."""
+        return self.item_migrations / self._span_s
+
+    @property
+    def paper_migrations_per_s(self) -> float:
+        """Requests moved per second without the sweep's moves (the paper has no sweep)."""
+        return (self.migrations - self.sweep_migrations) / self._span_s
+
+    @property
+    def _span_s(self) -> float:
+        return max(self.window[1] - self.window[0], 1) * self.slot_s
 
 
 def link_bytes_per_s(cfg: SimConfig, src: int, dst: int) -> float:
@@ -111,10 +136,13 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
     stall: dict[int, int] = {}
     gpus, used = [], []
     nxt = 0
-    migrations = raw = preempt = completed = 0
+    migrations = raw = preempt = completed = items = swept = swept_items = 0
+    inflight: list[tuple[int, int, int]] = []  # (first slot no longer held, request, source GPU)
+    copies_series: list[int] = []
+    overfull = 0
     stall_s = 0.0
     modes = {m.value: 0 for m in Mode}
-    max_op = 0
+    max_op = max_item_op = 0
     path = machine_path(cfg.gpus_per_machine)
     t = 0
     bar = tqdm(total=workload.n, desc=f"sim {scheduler.name}", unit="req", disable=not progress, leave=False)
@@ -152,7 +180,12 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
         migrations += len(res.moves)
         raw += res.raw_moves
         preempt += res.preemptions
-        max_op = max(max_op, max((o.moves for o in res.ops), default=0))
+        items += item_moves(res.moves)
+        swept += sum(mv.sweep for mv in res.moves)
+        swept_items += item_moves([mv for mv in res.moves if mv.sweep])
+        paper_ops = [o for o in res.ops if o.kind in PAPER_OPS]
+        max_op = max(max_op, max((o.moves for o in paper_ops), default=0))
+        max_item_op = max(max_item_op, max((o.item_moves for o in paper_ops), default=0))
         if res.moves:
             bud = _slot_budgets(cfg, res.moves, path)
             speeds = Speeds({lnk: _link_rate(cfg, lnk) for lnk in bud.link_bytes}, {},
@@ -163,15 +196,26 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
                 kv_s = mv.size_tokens * cfg.kv_bytes_per_token / link_bytes_per_s(cfg, mv.src, mv.dst)
                 cost = {Mode.KV: kv_s, Mode.TOKEN: mv.size_tokens / cfg.prefill_tokens_per_s,
                         Mode.DEFER: slot_s + kv_s}[mode]
-                stall[mv.request] = stall.get(mv.request, 0) + math.ceil(cost / slot_s)
+                held = math.ceil(cost / slot_s)
+                stall[mv.request] = stall.get(mv.request, 0) + held
                 stall_s += cost
-        gpus.append(scheduler.num_gpus())
-        used.append(sum(size.values()))
+                if cfg.charge_migration_memory and held > 0:
+                    inflight.append((t + held, mv.request, mv.src))
+        inflight = [x for x in inflight if x[0] > t and x[1] in size]
+        copies: dict[int, int] = {}
+        for _, r, src in inflight:
+            copies[src] = copies.get(src, 0) + size[r]
+        active = scheduler.st.gpus
+        overfull += sum(1 for g, c in copies.items() if g in active and active[g].used + c > cfg.capacity_tokens)
+        gpus.append(len(active) + sum(1 for g in copies if g not in active))
+        copies_series.append(sum(copies.values()))
+        used.append(sum(size.values()) + copies_series[-1])
         t += 1
     bar.close()
     window = (int(warmup_frac * last_arrival), last_arrival + 1)
     return SimResult(scheduler.name, slot_s, np.asarray(gpus), np.asarray(used), cfg.capacity_tokens, migrations,
-                     raw, preempt, completed, stall_s, modes, max_op, window)
+                     raw, preempt, completed, stall_s, modes, max_op, window, items, swept, swept_items, max_item_op,
+                     np.asarray(copies_series, dtype=np.int64), overfull)
 
 
 def _link_rate(cfg: SimConfig, link: str) -> float:

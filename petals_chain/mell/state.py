@@ -17,12 +17,25 @@ from petals_chain.mell.classes import SizeClass, size_class
 
 @dataclass(frozen=True)
 class Move:
-    """Request ``request`` goes from GPU ``src`` to GPU ``dst`` with ``size_tokens`` of KV cache."""
+    """Request ``request`` goes from GPU ``src`` to GPU ``dst`` with ``size_tokens`` of KV cache.
+
+    ``item`` is the scheduler's item that carried it (-1: not recorded): the moves of one slot with the same
+    ``(item, src, dst)`` are one scheduler move (docs/mell.md, "Moves"). ``sweep`` marks a move made by the
+    end-of-slot sweep, a rule of ours the paper does not have.
+    """
 
     request: int
     src: int
     dst: int
     size_tokens: int
+    item: int = -1
+    sweep: bool = False
+
+
+def item_moves(moves) -> int:
+    """Scheduler moves among request moves: distinct ``(item, src, dst)``; a move with no item counts alone."""
+    keys = {(mv.item, mv.src, mv.dst) if mv.item >= 0 else (-1 - k, mv.src, mv.dst) for k, mv in enumerate(moves)}
+    return len(keys)
 
 
 @dataclass
@@ -73,6 +86,7 @@ class PackingState:
         self._next_gpu = 0
         self._next_item = 0
         self.log: list[Move] = []
+        self.sweeping = False  # set by a scheduler while its end-of-slot sweep runs: its moves are marked
         self.gpus_opened = 0
 
     # ---- sizes and classes -------------------------------------------------------------------------
@@ -199,7 +213,7 @@ class PackingState:
     def log_moves(self, it: Item, src: int, dst: int) -> None:
         if src != dst and src >= 0:
             for r in it.members:
-                self.log.append(Move(r, src, dst, self.size[r]))
+                self.log.append(Move(r, src, dst, self.size[r], it.id, self.sweeping))
 
     def drop_gpu_if_empty(self, g: int) -> bool:
         """Terminate GPU g if it holds nothing; True if it was terminated (or already gone)."""

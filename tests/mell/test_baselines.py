@@ -3,6 +3,8 @@ LB's moves narrow the gap they act on."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -66,9 +68,9 @@ def test_lb_moves_narrow_the_gap_and_respect_capacity():
     assert moved > 0
 
 
-def _lb_with(groups):
+def _lb_with(groups, **kw):
     """An LB scheduler whose GPUs hold the given request sizes (one list per GPU)."""
-    s = LoadBalanceScheduler(C, reserve=False)
+    s = LoadBalanceScheduler(C, reserve=False, **kw)
     r = 0
     for sizes in groups:
         g = s.st.new_gpu()
@@ -78,15 +80,84 @@ def _lb_with(groups):
             s._final[r] = size
             s._admitted[r] = r
             s.st.place(s.st.new_item([r], bundle=False), g)
+            s._add_reserved(g, size)
     return s
 
 
-def test_lb_moves_the_shortest_request_only_when_it_narrows_the_gap():
-    s = _lb_with([[100, 120, 110, 130], [100]])  # freeness 135 vs 900: moving 100 gives 217 vs 400
+def _spread(s) -> float:
+    f = [s._freeness(g) for g in s.st.gpus]
+    return max(f) - min(f)
+
+
+def test_v0_moves_the_shortest_request_only_when_it_narrows_the_gap():
+    """Our first reading (kept as variant v0): one move per pair, freeness = free / requests."""
+    s = _lb_with([[100, 120, 110, 130], [100]], variant="v0")  # 135 vs 900: moving 100 gives 217 vs 400
     moves = s._rebalance()
     assert [(m.request, m.src, m.dst) for m in moves] == [(1, 0, 1)]
-    s = _lb_with([[300, 300], [500]])  # freeness 200 vs 500: moving 300 would reverse the gap (700 vs 100)
+    s = _lb_with([[300, 300], [500]], variant="v0")  # 200 vs 500: moving 300 would reverse the gap (700 vs 100)
     assert s._rebalance() == [] and s.placement() == {1: 0, 2: 0, 3: 1}
+
+
+def test_llumnix_freeness_counts_actual_tokens_next_steps_and_one_more_request():
+    s = _lb_with([[300, 200], [100]])
+    s._step_tokens = 10
+    assert s._freeness(0) == pytest.approx((C - 500 - 2 * 10) / 3)
+    assert s._freeness(1) == pytest.approx((C - 100 - 10) / 2)
+    s._final.update({1: C, 2: C})  # reservations are not looked at
+    assert s._freeness(0) == pytest.approx((C - 500 - 20) / 3)
+
+
+def test_llumnix_pairs_the_most_loaded_with_the_freest_and_balances():
+    """Four GPUs: the two most loaded are sources, paired in order with the freest and the second freest; every
+    move narrows its pair's gap, and the spread of freeness over the GPUs shrinks."""
+    s = _lb_with([[150] * 6, [120] * 5, [100], [150]])  # freeness 14, 67, 450, 425 (mean 239)
+    before = _spread(s)
+    moves = s._rebalance()
+    pairs = {(m.src, m.dst) for m in moves}
+    assert pairs == {(0, 2), (1, 3)}
+    assert _spread(s) < before
+    assert capacity_violations(s.st) == []
+
+
+def test_llumnix_moves_until_the_pair_is_balanced_and_never_reverses_it():
+    """One pair, several moves in one slot, stopping when one more would not narrow the gap (or would invert it)."""
+    s = _lb_with([[100] * 6, [100]], threshold=100.0)  # 57 vs 450
+    moves = s._rebalance()
+    assert [(m.src, m.dst) for m in moves] == [(0, 1), (0, 1)]  # then 120 vs 175: a third move inverts the gap
+    assert s._freeness(1) - s._freeness(0) > 0
+    s = _lb_with([[300, 300], [500]])  # 133 vs 250: moving 300 gives 350 vs 67, reversed
+    assert s._rebalance() == [] and s.placement() == {1: 0, 2: 0, 3: 1}
+
+
+def test_llumnix_dispatch_goes_to_the_highest_freeness_not_the_most_free_room():
+    """GPU 0 holds one 500-token request (freeness 250), GPU 1 three of 100 (room 700, freeness 175): worst fit
+    picks GPU 1, Llumnix's load-aware dispatch GPU 0."""
+    lb, wf = _lb_with([[500], [100, 100, 100]]), _lb_with([[500], [100, 100, 100]], variant="v0")
+    assert lb._choose(200) == 0 and wf._choose(200) == 1
+
+
+def test_lb_needs_no_more_gpus_than_worst_fit_and_its_dispatch_is_why():
+    """The figures' 7B/4090 cluster, 400 Poisson requests (gap 0.5 s): reserving the final size, LB opens fewer
+    GPUs than WF at the peak and on average, and so does LB with its migration switched off (threshold −∞): the
+    gain is Llumnix's dispatch on actual freeness, not the balancing. Preempting instead (LB-p vs WF-p), LB-p
+    trades WF-p's preemptions for migrations and needs the same GPUs on average within 5 % (printed; see
+    docs/mell.md, "Baselines")."""
+    from petals_chain.experiments.mell_common import config, workload
+    from petals_chain.mell.sim import simulate
+
+    cfg = config("7b-4090")
+    cap = cfg.capacity_tokens
+    wl = workload("poisson-high", "7b-4090", 400, np.random.default_rng(3))
+    res = {k: simulate(p, wl, cfg) for k, p in {
+        "WF": FitScheduler(cap, "worst"), "LB": LoadBalanceScheduler(cap),
+        "LB-dispatch": LoadBalanceScheduler(cap, threshold=-math.inf),
+        "WF-p": FitScheduler(cap, "worst", reserve=False), "LB-p": LoadBalanceScheduler(cap, reserve=False)}.items()}
+    print({k: (r.peak_gpus, round(r.mean_gpus, 1), r.migrations, r.preemptions) for k, r in res.items()})
+    for k in ("LB", "LB-dispatch"):
+        assert res[k].peak_gpus <= res["WF"].peak_gpus and res[k].mean_gpus < res["WF"].mean_gpus, k
+    assert res["LB"].migrations > 0 and res["LB-dispatch"].migrations == 0
+    assert res["LB-p"].preemptions < res["WF-p"].preemptions and res["LB-p"].migrations > 0
+    assert abs(res["LB-p"].mean_gpus - res["WF-p"].mean_gpus) <= 0.05 * res["WF-p"].mean_gpus
 
 
 def test_bad_input():
@@ -97,3 +168,5 @@ def test_bad_input():
         s.step({1: 10}, [])
     with pytest.raises(ValueError, match="final size"):
         s.step({1: 10}, [], None, {1: 5})
+    with pytest.raises(ValueError, match="variant"):
+        LoadBalanceScheduler(C, variant="random")

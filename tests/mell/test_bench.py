@@ -15,3 +15,8 @@ def test_bench_mell_small(capsys):
 def test_bench_mell_bad_input(capsys):
     assert load("mell")(["--sizes", "5"]) == 2
     assert "error" in capsys.readouterr().out
+
+
+def test_bench_mell_batching_sweep_refuses_a_negative_size(capsys):
+    assert load("mell")(["--batching-sweep", "-3"]) == 2
+    assert "--batching-sweep must be >= 1" in capsys.readouterr().out
