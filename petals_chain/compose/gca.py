@@ -65,8 +65,11 @@ def gca(
     placement: Placement,
     *,
     use_numba: bool = True,
+    limit: int | None = None,
 ) -> tuple[Chain, ...]:
-    """Greedy cache allocation over a placement: chains fastest first, each with its capacity c_k."""
+    """Greedy cache allocation over a placement: chains fastest first, each with its capacity c_k; with ``limit``
+    only the first ``limit`` of them (the same chains, its rounds cut short: the default composition asks for
+    the fastest chain alone to rule out a placement before it pays for every round)."""
     placement.check_for(model)
     hosting = [j for j in range(placement.num_servers) if placement.num_blocks[j] > 0]
     if not hosting:
@@ -80,6 +83,8 @@ def gca(
     slots = np.array([max(all_slots[j], 0) for j in hosting], dtype=np.int64)
     # Each round exhausts at least one (server, predecessor-position) edge, so this bounds the rounds.
     max_chains = int(sum(placement.num_blocks[j] for j in hosting)) + 1
+    if limit is not None:
+        max_chains = min(max_chains, max(int(limit), 0))
     max_hops = min(model.num_blocks, len(hosting))
     out_servers = np.full((max_chains, max_hops), -1, dtype=np.int64)
     out_blocks = np.zeros((max_chains, max_hops), dtype=np.int64)

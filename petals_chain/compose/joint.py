@@ -19,6 +19,7 @@ than the bound assumes (docs/model.md, "Choosing c and the chains together").
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -107,7 +108,7 @@ class _Group:
     variant: str
     placement: Placement
     gbp_chains: int
-    chains: tuple[Chain, ...]
+    chains: tuple[Chain, ...] = ()
 
 
 def _candidate(g: _Group, k: int, free: Sequence[Chain], e: int, arrival_rate: float,
@@ -147,62 +148,57 @@ def _every_candidate(g: _Group, whole: Sequence[Chain], arrival_rate: float, ser
 _PRUNE_SLACK = 1e-6  # prefix_lower_bounds' rounding is below 1e-12 relative; this leaves a wide margin
 
 
-def _pruned_candidates(groups: Sequence[_Group], whole: Sequence[Chain], arrival_rate: float,
-                       servers: Sequence[ServerSpec], serial: bool) -> list[_Candidate]:
+def _pruned_candidates(runs: Sequence[_Group], whole: Sequence[Chain], arrival_rate: float,
+                       servers: Sequence[ServerSpec], model: ModelSpec, serial: bool) -> list[_Candidate]:
     """The candidates whose lower bound is at most the best upper bound of all (within _REL_TIE), each with its
     bounds computed exactly as the exhaustive search computes them, and nothing else: the same set that
-    :func:`_by_estimate` keeps from every candidate, found without the bounds of most candidates.
+    :func:`_by_estimate` keeps from every candidate, found without the bounds of most candidates and without GCA's
+    chains on most placements. ``runs`` are the GBP-CR runs, their chains not yet built.
 
-    Groups with the same placement have the same chains, so their candidates are computed once and repeated with
-    each group's (c, variant). For the rest, every candidate first gets a floor: where no server is serial, a
-    prefix k of GCA's chains (fastest first) has its lower bound from one pass over the group
-    (analysis.bounds.prefix_lower_bounds), and a prefix with e ≥ 1 whole-model chains added has at least the lower
-    bound of all the group's chains and every whole-model chain (adding a chain only raises every ν̄_n); with
-    serial servers (slots cut per prefix) the floor is 0. Candidates are then bounded exactly in order of floor,
-    keeping the least upper bound so far, until the floor passes it: every later candidate's lower bound, and so
-    its upper bound, is above it, so the least upper bound found is the least of all and every candidate under it
-    has been bounded."""
+    Runs with the same placement have the same chains, so their candidates are computed once and repeated with
+    each run's (c, variant). Every candidate first gets a floor under its lower bound, and candidates are bounded
+    exactly in order of floor, keeping the least upper bound so far, until the next floor passes it: every later
+    candidate's lower bound, and so its upper bound, is above it, so the least upper bound found is the least of
+    all and every candidate under it has been bounded. The floors, where no server is serial (with serial servers,
+    whose slots are cut per candidate, they are 0 and every candidate is bounded):
+
+    * a placement, before GCA runs on it, has the time of its fastest chain (GCA's first round alone), or of the
+      fastest whole-model chain if that is faster: no candidate's mean, nor its lower bound, is below the time of
+      its fastest chain;
+    * once GCA has run, a prefix k of its chains (fastest first) has its lower bound, all K from one pass
+      (analysis.bounds.prefix_lower_bounds); a prefix with e ≥ 1 whole-model chains added has at least the lower
+      bound of all the placement's chains with every whole-model chain (adding a chain only raises every ν̄_n)."""
     canon: dict[Placement, int] = {}
-    repeats: dict[int, list[_Group]] = {}
-    for g in groups:
+    repeats: list[list[_Group]] = []
+    for g in runs:
         if g.placement in canon:
             repeats[canon[g.placement]].append(g)
         else:
             canon[g.placement] = len(repeats)
-            repeats[len(repeats)] = [g]
-    firsts = [gs[0] for gs in repeats.values()]
-    floors, where = [], []  # floors, and (group, k, e) per floor
+            repeats.append([g])
+    firsts = [gs[0] for gs in repeats]
+    fastest_whole = whole[0].service_time_s if whole else math.inf
+    heap: list[tuple[float, int, int, int]] = []  # (floor, group, k, e); k = 0: the group's chains not built yet
     for gi, g in enumerate(firsts):
-        rates = np.array([ch.rate_per_s for ch in g.chains])
-        caps = np.array([ch.capacity for ch in g.chains])
-        sorted_ = not serial and bool(np.all(np.diff(rates) <= 0))
-        if sorted_:
-            prefix = prefix_lower_bounds(rates, caps, arrival_rate)
-            ks = np.flatnonzero(np.isfinite(prefix))
-            floors.append(prefix[ks])
-            where += [(gi, int(k) + 1, 0) for k in ks]
-        if not whole and sorted_:
-            continue
-        with_whole = 0.0
-        if sorted_:
-            every = tuple(g.chains) + tuple(whole)
-            with_whole = theorem37_bounds([ch.rate_per_s for ch in every], [ch.capacity for ch in every],
-                                          arrival_rate).lower_s
-        first_e = 1 if sorted_ else 0
-        extra = [(gi, k, e) for k, free in _free_whole(g, whole) for e in range(first_e, len(free) + 1)]
-        floors.append(np.full(len(extra), with_whole))
-        where += extra
-    floor = np.concatenate(floors) if floors else np.empty(0)
+        floor = 0.0
+        if not serial:
+            first = gca(servers, model, g.placement, limit=1)
+            floor = min(first[0].service_time_s if first else math.inf, fastest_whole)
+        heap.append((floor, gi, 0, 0))
+    heapq.heapify(heap)
     best_upper = math.inf
     bounded: list[_Candidate] = []
     free_of: dict[tuple[int, int], list[Chain]] = {}
-    for i in np.argsort(floor, kind="stable"):
-        if floor[i] > best_upper * (1 + _REL_TIE) * (1 + _PRUNE_SLACK):
-            break
-        gi, k, e = where[i]
+    while heap and heap[0][0] <= best_upper * (1 + _REL_TIE) * (1 + _PRUNE_SLACK):
+        _, gi, k, e = heapq.heappop(heap)
         g = firsts[gi]
+        if k == 0:
+            g = firsts[gi] = replace(g, chains=gca(servers, model, g.placement))
+            for entry in _floors(g, gi, whole, arrival_rate, serial):
+                heapq.heappush(heap, entry)
+            continue
         if (gi, k) not in free_of:
-            used = {j for ch in g.chains[:k] for j in ch.servers}
+            used = {j for ch in g.chains[:k] for j in ch.servers} if whole else set()
             free_of[gi, k] = [w for w in whole if w.servers[0] not in used]
         cand = _candidate(g, k, free_of[gi, k], e, arrival_rate, servers, serial)
         if cand is None:
@@ -211,6 +207,27 @@ def _pruned_candidates(groups: Sequence[_Group], whole: Sequence[Chain], arrival
         bounded += [cand] + [replace(cand, c=r.c, rank=r.rank, variant=r.variant, gbp_chains=r.gbp_chains)
                              for r in repeats[gi][1:]]
     return [x for x in bounded if x.lower_s <= best_upper * (1 + _REL_TIE)]
+
+
+def _floors(g: _Group, gi: int, whole: Sequence[Chain], arrival_rate: float,
+            serial: bool) -> list[tuple[float, int, int, int]]:
+    """(floor under the lower bound, gi, k, e) for every candidate of group g (see :func:`_pruned_candidates`)."""
+    rates = np.array([ch.rate_per_s for ch in g.chains])
+    caps = np.array([ch.capacity for ch in g.chains], dtype=np.int64)
+    out = []
+    sorted_ = not serial and bool(np.all(np.diff(rates) <= 0))
+    if sorted_ and g.chains:
+        prefix = prefix_lower_bounds(rates, caps, arrival_rate)
+        out += [(float(prefix[k]), gi, int(k) + 1, 0) for k in np.flatnonzero(np.isfinite(prefix))]
+    if whole or not sorted_:
+        with_whole = 0.0
+        if sorted_:
+            every = tuple(g.chains) + tuple(whole)
+            with_whole = theorem37_bounds([ch.rate_per_s for ch in every], [ch.capacity for ch in every],
+                                          arrival_rate).lower_s
+        first_e = 1 if sorted_ else 0
+        out += [(with_whole, gi, k, e) for k, free in _free_whole(g, whole) for e in range(first_e, len(free) + 1)]
+    return out
 
 
 def _estimate(cand: _Candidate, means: JffcMeans | None, arrival_rate: float) -> MeanEstimate:
@@ -287,7 +304,6 @@ def joint_compose(
     serial = any_serial(servers)
     exhaustive = search == "exhaustive" or c is not None
     groups: list[_Group] = []
-    chains_of: dict[Placement, tuple[Chain, ...]] = {}  # GCA once per placement (many c share one)
     cands: list[_Candidate] = []
     built = False  # GBP-CR completed a chain at some c
     unstable = None  # with c given and nothing stable: every max-chains chain, as the paper's compose_for_c would
@@ -298,12 +314,11 @@ def joint_compose(
             except InfeasibleError:
                 continue
             built = True
-            if exhaustive or res.placement not in chains_of:
-                chains_of[res.placement] = gca(servers, model, res.placement)
-            g = _Group(cc, rank, variant, res.placement, res.num_chains, chains_of[res.placement])
+            g = _Group(cc, rank, variant, res.placement, res.num_chains)
             if not exhaustive:
-                groups.append(g)
+                groups.append(g)  # its chains are built only if the bounds cannot rule it out
                 continue
+            g = replace(g, chains=gca(servers, model, res.placement))
             found = list(_every_candidate(g, whole, arrival_rate, servers, serial))
             cands += found
             if not found and c is not None and max_chains and g.chains:
@@ -311,7 +326,7 @@ def joint_compose(
                     math.inf, math.inf, cc, rank, len(g.chains), 0, variant, res.placement, g.chains, res.num_chains
                 )
     if groups:
-        cands = _pruned_candidates(groups, whole, arrival_rate, servers, serial)
+        cands = _pruned_candidates(groups, whole, arrival_rate, servers, model, serial)
     if not built:
         raise InfeasibleError(
             f"the servers cannot hold the model {model.name!r} ({model.num_blocks} blocks of "
