@@ -50,7 +50,7 @@ def _lumped(rates: np.ndarray, capacities: np.ndarray) -> tuple[tuple[float, ...
     """Distinct rates, fastest first, each with the summed capacity of its chains."""
     uniq, inverse = np.unique(rates, return_inverse=True)
     caps = np.bincount(inverse, weights=capacities).astype(np.int64)
-    return tuple(float(r) for r in uniq[::-1]), tuple(int(c) for c in caps[::-1])
+    return tuple(uniq[::-1].tolist()), tuple(caps[::-1].tolist())
 
 
 @lru_cache(maxsize=4)

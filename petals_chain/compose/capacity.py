@@ -66,7 +66,6 @@ def max_concurrency(servers: Sequence[ServerSpec], model: ModelSpec) -> int:
 
 def cache_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement) -> list[int]:
     """M̃_j (eq. 3) of every server after the placement (see :func:`slots_left`)."""
-    return [
-        slots_left(s.memory_bytes, model.block_bytes, model.cache_bytes, m)
-        for s, m in zip(servers, placement.num_blocks)
-    ]
+    mem = np.array([s.memory_bytes for s in servers], dtype=float)
+    held = np.asarray(placement.num_blocks, dtype=float)
+    return floor_ratio_array(mem - model.block_bytes * held, model.cache_bytes).tolist()  # slots_left per server
