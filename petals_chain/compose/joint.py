@@ -10,10 +10,17 @@ paper variant with all its chains) is thus a candidate, and so is max-chains'.
 The bounds rule candidates out: one whose lower bound exceeds another's upper bound cannot be faster.
 Among the rest, taken in order of lower bound, the JFFC mean response time estimated at the design rate
 (analysis/estimate.py: exact for at most two distinct chain rates, else a seeded simulation) decides, and
-the search stops at the first candidate whose lower bound is above the best estimate so far. The lower
-bound alone would prefer a fast chain of few slots plus a slow one to a single chain of many slots, as if
+the search stops at the first candidate whose lower bound is above the best estimate so far.
+The lower bound alone would prefer a fast chain of few slots plus a slow one to a single chain of many slots, as if
 jobs always sat on the fastest slots; JFFC keeps a job where it started, so the slow chain is used more
 than the bound assumes (docs/model.md, "Choosing c and the chains together").
+
+The search makes that choice without bounding every candidate (:func:`_pruned_candidates`): each placement is
+first bounded below by its fastest chain, GCA's rounds run only on placements that bound cannot rule out, every
+prefix's lower bound comes from one pass, and only candidates that may fall under the best upper bound are
+bounded exactly; estimates reuse a simulation for the candidates that differ from it only in chains no job
+reached (analysis.estimate.JffcMeans). ``search='exhaustive'`` is the reference that bounds and simulates every
+candidate; both choose the same, bit for bit (tests/compose/test_joint_search.py).
 ``tune='upper'`` instead minimises the upper bound (the lower bound breaking ties), without the estimate.
 """
 
