@@ -143,8 +143,7 @@ def _free_whole(g: _Group, whole: Sequence[Chain]) -> Iterator[tuple[int, list[C
 
 def _every_candidate(g: _Group, whole: Sequence[Chain], arrival_rate: float, servers: Sequence[ServerSpec],
                      serial: bool) -> Iterator[_Candidate]:
-    """Every stable candidate of g, each with its bounds (the exhaustive search, and g's share of it where the
-    pruned search cannot bound its candidates cheaply)."""
+    """Every stable candidate of g, each with its bounds (the exhaustive search)."""
     for k, free in _free_whole(g, whole):
         for e in range(len(free) + 1):
             cand = _candidate(g, k, free, e, arrival_rate, servers, serial)

@@ -111,9 +111,9 @@ def test_reused_simulations_equal_one_run_per_chain_set():
         want = jffc_mean_estimate(rates[:k], caps[:k], lam, n_jobs=5000)
         assert got == want, k  # bit for bit, and the same method (exact where at most two rates)
     assert 1 <= means.simulations < len(rates) - 2  # fewer runs than the five simulated prefixes
-    heavy = JffcMeans(5.0, n_jobs=5000)  # every chain used: nothing to share, still the same values
+    heavy = JffcMeans(6.0, n_jobs=5000)  # load 0.8: every run reaches its slowest chain, so none is shared
     for k in (7, 6, 5):
-        assert heavy.estimate(rates[:k], caps[:k]) == jffc_mean_estimate(rates[:k], caps[:k], 5.0, n_jobs=5000)
+        assert heavy.estimate(rates[:k], caps[:k]) == jffc_mean_estimate(rates[:k], caps[:k], 6.0, n_jobs=5000)
     assert heavy.simulations == 3
 
 
