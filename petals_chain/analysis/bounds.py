@@ -21,6 +21,7 @@ __all__ = [
     "ResponseBounds",
     "birth_death_mean_jobs",
     "check_rates_capacities",
+    "prefix_lower_bounds",
     "slot_death_rates",
     "theorem37_bounds",
 ]
@@ -147,3 +148,39 @@ def theorem37_bounds(rates: Sequence[float], capacities: Sequence[int], arrival_
     lower = birth_death_mean_jobs(lam, fast, total) / lam
     upper = birth_death_mean_jobs(lam, slow, total) / lam
     return ResponseBounds(lower_s=lower, upper_s=upper)
+
+
+def prefix_lower_bounds(rates: Sequence[float], capacities: Sequence[int], arrival_rate: float) -> np.ndarray:
+    """The Theorem 3.7 lower bound of every prefix of chains given fastest first (``rates`` non-increasing):
+    entry k − 1 is ``theorem37_bounds(rates[:k], capacities[:k], λ).lower_s`` up to rounding, ``inf`` where the
+    prefix is unstable; all K of them in one O(C) pass.
+
+    Why one pass: with chains fastest first, the n fastest slots of a prefix are the n fastest of the whole list,
+    so every prefix shares ν̄_n and φ_n ∝ Π_{i≤n} λ/ν̄_i below its own C_k; only its tail (ν = ν̄_{C_k} beyond C_k)
+    is its own. Running sums of φ_n and n·φ_n give every prefix's head. They are shifted by the largest log φ_n,
+    which for every stable prefix lies in its head (log φ_n rises while ν̄_n < λ < ν), so nothing overflows;
+    the sums are sequential rather than pairwise, so an entry may differ from ``theorem37_bounds`` in the last
+    dozen bits (relative error well below 1e-9 for C in the tens of thousands). The default composition uses it
+    to rule out candidates before computing their bounds exactly (compose/joint.py)."""
+    mu, cap = check_rates_capacities(rates, capacities)
+    lam = _check_arrival_rate(arrival_rate)
+    if np.any(np.diff(mu) > 0):
+        raise SpecError("prefix_lower_bounds: rates must be given fastest first (non-increasing)")
+    fast = np.cumsum(np.repeat(mu, cap))  # ν̄_n for n = 1..C
+    ends = np.cumsum(cap)  # C_k
+    log_phi = np.empty(fast.size + 1)
+    log_phi[0] = 0.0
+    np.cumsum(math.log(lam) - np.log(fast), out=log_phi[1:])
+    shift = float(log_phi.max())
+    w = np.exp(np.maximum(log_phi[:-1] - shift, _LOG_TINY))  # n = 0..C-1
+    mass = np.cumsum(w)
+    jobs = np.cumsum(np.arange(fast.size, dtype=float) * w)
+    nu = fast[ends - 1]
+    out = np.full(mu.size, math.inf)
+    stable = nu > lam
+    gap = nu[stable] - lam
+    c_k = ends[stable]
+    tail_mass = np.exp(np.minimum(log_phi[c_k] - shift, 0.0)) * nu[stable] / gap
+    tail_jobs = tail_mass * (c_k + lam / gap)
+    out[stable] = (jobs[c_k - 1] + tail_jobs) / (mass[c_k - 1] + tail_mass) / lam
+    return out

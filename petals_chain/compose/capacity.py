@@ -65,8 +65,10 @@ def max_concurrency(servers: Sequence[ServerSpec], model: ModelSpec) -> int:
 
 
 def cache_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement) -> list[int]:
-    """M̃_j (eq. 3) of every server after the placement (see :func:`slots_left`)."""
-    return [
-        slots_left(s.memory_bytes, model.block_bytes, model.cache_bytes, m)
-        for s, m in zip(servers, placement.num_blocks)
-    ]
+    """M̃_j (eq. 3) of every server after the placement: :func:`slots_left` element-wise, the same float operations
+    through :func:`floor_ratio_array` (as :func:`blocks_array` is :func:`blocks_for_capacity`'s), so that GCA's
+    setup at J in the thousands is not a Python call per server; tests/compose/test_cache_slots.py checks that it
+    agrees with slots_left and with the server's own count."""
+    mem = np.array([s.memory_bytes for s in servers], dtype=float)
+    held = np.asarray(placement.num_blocks, dtype=float)
+    return floor_ratio_array(mem - model.block_bytes * held, model.cache_bytes).tolist()

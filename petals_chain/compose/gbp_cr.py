@@ -58,13 +58,14 @@ def gbp_cr_detail(
     count = [0] * len(servers)
     need = arrival_rate / (target_load * c)
     a, chain_time, nu, chains = 1, 0.0, 0.0, 0
-    for j in order:
-        mj = int(m[j])
+    m_list, t_list = m.tolist(), t.tolist()  # Python ints and floats: the same values, a fraction of the time
+    for j in order.tolist():
+        mj = m_list[j]
         if mj == 0:
             break  # sorted by amortised time: every later server has m = 0 too
         first[j] = min(a, L - mj + 1)
         count[j] = mj
-        chain_time += float(t[j])
+        chain_time += t_list[j]
         a = min(a + mj - 1, L) + 1
         if a > L:
             nu += 1.0 / chain_time

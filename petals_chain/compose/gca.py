@@ -65,21 +65,27 @@ def gca(
     placement: Placement,
     *,
     use_numba: bool = True,
+    limit: int | None = None,
 ) -> tuple[Chain, ...]:
-    """Greedy cache allocation over a placement: chains fastest first, each with its capacity c_k."""
+    """Greedy cache allocation over a placement: chains fastest first, each with its capacity c_k; with ``limit``
+    only the first ``limit`` of them (the same chains, its rounds cut short: the default composition asks for
+    the fastest chain alone to rule out a placement before it pays for every round)."""
     placement.check_for(model)
-    hosting = [j for j in range(placement.num_servers) if placement.num_blocks[j] > 0]
-    if not hosting:
+    count_all = np.asarray(placement.num_blocks, dtype=np.int64)
+    idx = np.flatnonzero(count_all > 0).astype(np.int64)  # the hosting servers
+    if idx.size == 0:
         return ()
-    idx = np.array(hosting, dtype=np.int64)
-    first = np.array([placement.first_block[j] for j in hosting], dtype=np.int64)
-    end = np.array([placement.end(j) for j in hosting], dtype=np.int64)
+    hosting = idx.tolist()
+    count = count_all[idx]
+    first = np.asarray(placement.first_block, dtype=np.int64)[idx]
+    end = first + count
     tau_c = np.array([servers[j].tau_c_s for j in hosting], dtype=np.float64)
     tau_p = np.array([servers[j].tau_p_s for j in hosting], dtype=np.float64)
-    all_slots = cache_slots(servers, model, placement)
-    slots = np.array([max(all_slots[j], 0) for j in hosting], dtype=np.int64)
+    slots = np.maximum(np.asarray(cache_slots(servers, model, placement), dtype=np.int64)[idx], 0)
     # Each round exhausts at least one (server, predecessor-position) edge, so this bounds the rounds.
-    max_chains = int(sum(placement.num_blocks[j] for j in hosting)) + 1
+    max_chains = int(count.sum()) + 1
+    if limit is not None:
+        max_chains = min(max_chains, max(int(limit), 0))
     max_hops = min(model.num_blocks, len(hosting))
     out_servers = np.full((max_chains, max_hops), -1, dtype=np.int64)
     out_blocks = np.zeros((max_chains, max_hops), dtype=np.int64)
@@ -88,9 +94,8 @@ def gca(
     order, starts = group_by_end(end, model.num_blocks)
     k = run(first, end, tau_c, tau_p, slots, order, starts, model.num_blocks, out_servers, out_blocks, out_caps)
     chains = []
-    for r in range(k):
-        hops_local = [int(x) for x in out_servers[r] if x >= 0]
-        hops = tuple(int(idx[x]) for x in hops_local)
-        blocks = tuple(int(b) for b in out_blocks[r, : len(hops)])
-        chains.append(Chain(hops, blocks, int(out_caps[r]), chain_service_time(servers, hops, blocks)))
+    for row, row_blocks, cap in zip(out_servers[:k].tolist(), out_blocks[:k].tolist(), out_caps[:k].tolist()):
+        hops = tuple(hosting[x] for x in row if x >= 0)
+        blocks = tuple(row_blocks[: len(hops)])
+        chains.append(Chain(hops, blocks, cap, chain_service_time(servers, hops, blocks)))
     return tuple(chains)
