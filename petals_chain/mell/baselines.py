@@ -51,8 +51,9 @@ class FitScheduler:
             self._res_arr = np.concatenate([self._res_arr, np.zeros(max(n, 2 * self._res_arr.size)
                                                                     - self._res_arr.size, np.int64)])
 
-    def _choose(self, size: int, exclude: int = -1) -> int:
-        """The GPU the rule picks among those with room for ``size`` (vectorised over GPU ids), or a new one."""
+    def _fitting(self, size: int, exclude: int = -1) -> tuple[np.ndarray, np.ndarray]:
+        """(which GPU ids have room for ``size``, every GPU's room), vectorised over the ids in use; ``exclude`` never
+        fits. Room is against reservations when the baseline reserves, else against the tokens held."""
         st = self.st
         n = st._next_gpu
         if self.reserve:
@@ -63,8 +64,13 @@ class FitScheduler:
         ok = (st.label_arr[:n] != -9) & (room >= size)
         if 0 <= exclude < n:
             ok[exclude] = False
+        return ok, room
+
+    def _choose(self, size: int, exclude: int = -1) -> int:
+        """The GPU the rule picks among those with room for ``size`` (vectorised over GPU ids), or a new one."""
+        ok, room = self._fitting(size, exclude)
         if not ok.any():
-            return st.new_gpu()
+            return self.st.new_gpu()
         ids = np.flatnonzero(ok)
         if self.rule == "best":
             return int(ids[np.argmin(room[ids])])
@@ -187,14 +193,7 @@ class LoadBalanceScheduler(FitScheduler):
             return super()._choose(size, exclude)
         st = self.st
         n = st._next_gpu
-        if self.reserve:
-            self._grow_res(n)
-            room = self.C - self._res_arr[:n]
-        else:
-            room = self.C - st.used_arr[:n]
-        ok = (st.label_arr[:n] != -9) & (room >= size)
-        if 0 <= exclude < n:
-            ok[exclude] = False
+        ok, _ = self._fitting(size, exclude)
         if not ok.any():
             return st.new_gpu()
         nreq = st.nreq_arr[:n]
