@@ -277,6 +277,20 @@ def _free_subnet() -> str:
     pytest.skip("no free /24 in 10.233.0.0/16")
 
 
+def _decode_slope(samples, server: str) -> float:
+    """Seconds a decode step of ``server`` gains per block covered: the median decode step over the most blocks
+    measured minus the median over the fewest, per block between them."""
+    import statistics
+
+    by_blocks: dict[int, list[float]] = {}
+    for x in samples:
+        if x.server == server and x.kind == "decode":
+            by_blocks.setdefault(x.blocks, []).append(x.time_s)
+    lo, hi = min(by_blocks), max(by_blocks)
+    assert hi > lo, (server, sorted(by_blocks))
+    return (statistics.median(by_blocks[hi]) - statistics.median(by_blocks[lo])) / (hi - lo)
+
+
 @pytest.mark.live
 @pytest.mark.skipif(not _netns_works(), reason="needs root and network namespaces")
 def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path) -> None:
@@ -329,7 +343,10 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
             fits = {s.name: fit_server(samples, s.name, rtt_s=s.rtt_s, speed_factor=s.speed_factor)
                     for s in tb.servers}
             assert fits["a"].round_trip_s > 0.8 * 0.020 and fits["b"].round_trip_s > 0.8 * 0.030
-            assert fits["b"].t_out_s > fits["a"].t_out_s  # four times slower
+            # b computes four times slower: its decode steps grow faster with the blocks they cover. Medians of the
+            # samples, not the fitted slopes: a few relay-jitter spikes can tilt a least-squares fit (r² ≈ 0.5 here)
+            slope = {name: _decode_slope(samples, name) for name in ("a", "b")}
+            assert slope["b"] > slope["a"], (slope, fits["a"].t_out_s, fits["b"].t_out_s)
             assert cap.jobs_per_s > 0 and cap.completed >= 1
             from petals_chain.data.azure import read_azure_trace
 
