@@ -142,12 +142,6 @@ def _batchable_key(args: Sequence[Any]) -> tuple[tuple[str, ...], int] | None:
     return tuple(i.uid for i in infos), int(infos[0].cache_handles[0])
 
 
-def _tokens(task: Task) -> int:
-    """Hypotheses × new tokens of a task (1 for anything without hidden states)."""
-    h = task.args[0] if task.args else None
-    return int(h.shape[0] * h.shape[1]) if isinstance(h, torch.Tensor) and h.ndim == 3 else 1
-
-
 @dataclass(frozen=True)
 class _Part:
     """What one batch runs of a task: new-token positions ``start ... start + length − 1`` of ``total`` (the whole
@@ -194,7 +188,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
                  max_batch_size: int, name: str, device: torch.device | None = None, **kwargs: Any) -> None:
         super().__init__(process_func, max_batch_size=max_batch_size, name=name, device=device, **kwargs)
         self.batched_step = batched_step
-        self.config = config
+        self.config = config.for_device(device)  # the prefill chunk resolved for this pool's device
         self._recent: deque[frozenset[int]] = deque(maxlen=RECENT_BATCHES)
         self._arrivals: dict[int, tuple[float, float]] = {}  # session → (its last step's submission, period or nan)
         self.sessions_per_step: Counter[int] = Counter()  # how many runtime batches had k sessions
@@ -273,7 +267,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         chunk, and no step exceeds the budget. Short steps run whole."""
         uids, _ = key
         budget = self.config.max_tokens
-        chunk = min(budget, self.config.prefill_chunk_tokens or defaults.PREFILL_CHUNK_TOKENS_CPU)
+        chunk = min(budget, self.config.prefill_chunk_tokens)
         reserve = max(1, min(chunk, budget // 2))
         sessions = {key[1]}
         deadline = time.monotonic() + self.config.window_s
@@ -536,7 +530,6 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
         return
     route_long_steps_to_merged_pool(True)
     first_pool = next(iter(backends.values())).inference_pool
-    config = config.for_device(first_pool.device)
     batched = BatchedMergedInferenceStep(backends, attention=config.attention)
     pool = BatchingInferencePool(_MergedInferenceStep(backends), batched, config=config,
                                  max_batch_size=first_pool.max_batch_size, device=first_pool.device,
@@ -546,7 +539,7 @@ def merge_batching_pools_inplace(backends: dict[str, Any], config: BatchingConfi
         backend.inference_pool = pool
     log.info("inference steps of up to %d sessions run together (window %.1f ms, at most %d tokens per step, longer"
              " steps in chunks of %d; attention %s)", config.max_sessions, config.window_s * 1e3, config.max_tokens,
-             config.prefill_chunk_tokens, config.attention)
+             pool.config.prefill_chunk_tokens, config.attention)
 
 
 def install_batching(config: BatchingConfig) -> None:

@@ -92,8 +92,7 @@ class ArenaMemoryCache(MemoryCache):
         self.layout = type(self).layout  # this cache's, fixed at creation
         self._arenas: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._free_rows: list[bool] = []
-        self._row_of: dict[int, tuple[int, int]] = {}  # keys handle of arena 0 → (first row, batch); others → -1
-        self._members: dict[int, int] = {}  # every handle placed in an arena → the allocation's first handle
+        self._row_of: dict[int, tuple[int, int]] = {}  # an arena session's first handle → (first row, batch)
         self.sessions_in_arena = 0  # sessions placed in arenas since the start (tests and logs)
         self.sessions_outside = 0  # sessions given PETALS' tensors instead
 
@@ -191,9 +190,7 @@ class ArenaMemoryCache(MemoryCache):
             kv[1].zero_()
             self._allocated_tensors[handles[2 * k]] = kv[0]
             self._allocated_tensors[handles[2 * k + 1]] = kv[1]
-        first = handles[0]
-        self._row_of[first] = (row, batch)
-        self._members.update((h, first) for h in handles)
+        self._row_of[handles[0]] = (row, batch)
         self.sessions_in_arena += 1
         return True
 
@@ -209,10 +206,9 @@ class ArenaMemoryCache(MemoryCache):
 
     def _release(self, handles: Sequence[int]) -> None:
         """Free the rows of the arena sessions among ``handles`` (PETALS then forgets the views)."""
-        for handle in handles:
-            first = self._members.pop(handle, None)
-            if first is not None and first in self._row_of and first == handle:
-                row, batch = self._row_of.pop(first)
+        for handle in handles:  # PETALS frees an allocation's handles together; its first one holds the rows
+            if handle in self._row_of:
+                row, batch = self._row_of.pop(handle)
                 for r in range(row, row + batch):
                     self._free_rows[r] = True
 
