@@ -277,18 +277,13 @@ def _free_subnet() -> str:
     pytest.skip("no free /24 in 10.233.0.0/16")
 
 
-def _decode_slope(samples, server: str) -> float:
-    """Seconds a decode step of ``server`` gains per block covered: the median decode step over the most blocks
-    measured minus the median over the fewest, per block between them."""
+def _median_alone_decode(rows) -> float:
+    """The median seconds of a server's decode batches of one session (one token) from its step log."""
     import statistics
 
-    by_blocks: dict[int, list[float]] = {}
-    for x in samples:
-        if x.server == server and x.kind == "decode":
-            by_blocks.setdefault(x.blocks, []).append(x.time_s)
-    lo, hi = min(by_blocks), max(by_blocks)
-    assert hi > lo, (server, sorted(by_blocks))
-    return (statistics.median(by_blocks[hi]) - statistics.median(by_blocks[lo])) / (hi - lo)
+    alone = [r.seconds for r in rows if r.sessions == 1 and r.tokens == 1]
+    assert alone, "no decode step of one session alone in the step log"
+    return statistics.median(alone)
 
 
 @pytest.mark.live
@@ -343,10 +338,11 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
             fits = {s.name: fit_server(samples, s.name, rtt_s=s.rtt_s, speed_factor=s.speed_factor)
                     for s in tb.servers}
             assert fits["a"].round_trip_s > 0.8 * 0.020 and fits["b"].round_trip_s > 0.8 * 0.030
-            # b computes four times slower: its decode steps grow faster with the blocks they cover. Medians of the
-            # samples, not the fitted slopes: a few relay-jitter spikes can tilt a least-squares fit (r² ≈ 0.5 here)
-            slope = {name: _decode_slope(samples, name) for name in ("a", "b")}
-            assert slope["b"] > slope["a"], (slope, fits["a"].t_out_s, fits["b"].t_out_s)
+            # b computes four times slower: its runtime's own step log (compute only, no relay) shows its decode step
+            # of one session alone well over twice a's. The client-side decode samples cannot show it reliably: on
+            # this tiny model a block costs under a millisecond, and the relays' jitter is larger
+            alone = {name: _median_alone_decode(rows) for name, rows in steps.items()}
+            assert alone["b"] > 2.0 * alone["a"], alone
             assert cap.jobs_per_s > 0 and cap.completed >= 1
             from petals_chain.data.azure import read_azure_trace
 
