@@ -15,11 +15,16 @@ two cores; ``--client generate`` runs greedy ``generate()`` instead). Three figu
   ``--client hidden`` the clock starts once every session has its prompt in the cache, with ``generate`` before);
 * inside the server: Σ sessions / Σ seconds over the decode batches every server ran (``--step-log``: the
   seconds of the batched step itself, no queueing or RPC), per server, for the batching swarm;
+* the bare forward inside the server (``--bare-probe-every N``, default 4): after every N-th decode batch the
+  server's runtime thread runs the bare batched forward of its blocks over as many sessions at their mean context
+  with preallocated caches (server/bare_probe.py) and logs it beside the step: in/bare is then a paired ratio, both
+  sides timed in the same thread of the same process moments apart (mean of the per-batch ratios, 95 % interval);
 * in process, in the same run: one decode step of b sessions over the same span at context C, PETALS'
   ``_MergedInferenceStep`` one session after another (what its pool computes: its tokens/s inside the server at
   any b) and the bare batched forward with preallocated caches (the limit), from ``bench server-step``.
 
-The ratios printed are batched / PETALS inside the server, and inside the server / bare forward. The load average
+The ratios printed are batched / PETALS inside the server, and inside the server / bare forward (in process and in
+the server). The load average
 is printed before and after: the machine is shared, so the absolute figures are noisy and the ratios the result.
 """
 
@@ -88,11 +93,11 @@ def _sessions_tps(model, prompt: torch.Tensor, b: int, new_tokens: int, client: 
 
 def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int], sessions: Sequence[int],
                    new_tokens: int, client: str, log_dir: Path, max_batch: int, pin: bool = False,
-                   rtt_s: Sequence[float] = ()) -> dict:
+                   rtt_s: Sequence[float] = (), probe_every: int = 0) -> dict:
     """Start the swarm (batching with this window, or PETALS' pool for None) and measure every (context, b); the swarm
     is stopped after; ``rtt_s`` puts a delaying relay with that round trip in front of each server. Returns
     {"e2e": {(ctx, b): tokens/s}, "per_step": {(ctx, b): mean sessions per decode step, the smaller of the
-    servers'}, "rows": {ctx: [(server, sessions, seconds) of every decode batch]},
+    servers'}, "rows": {ctx: [(server, sessions, seconds, bare seconds or None) of every decode batch]},
     "blocks": {server: blocks it serves}}."""
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
@@ -110,7 +115,7 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
     rtts = list(rtt_s) or [0.0] * n_servers
     plans = [ServerPlan(name, f"{budget_mb}MB", (*pinning, "--max-batch-sessions", "1") if window_ms is None else
                         (*pinning, "--step-log", str(path), "--batch-window-ms", repr(window_ms),
-                         "--max-batch-sessions", str(max_batch)), rtt_s=rtt)
+                         "--max-batch-sessions", str(max_batch), "--bare-probe-every", str(probe_every)), rtt_s=rtt)
              for (name, path), rtt in zip(logs.items(), rtts)]
     out: dict = {"e2e": {}, "per_step": {}, "rows": {}, "blocks": {}}
     gen = torch.Generator().manual_seed(0)
@@ -137,7 +142,8 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
                     means = []
                     for name, path in logs.items():
                         rows = read_step_log(path)[seen[name]:] if path.exists() else []
-                        decode = [(name, r.sessions, r.seconds) for r in rows if r.tokens == r.sessions]
+                        decode = [(name, r.sessions, r.seconds, r.bare_seconds) for r in rows
+                                  if r.tokens == r.sessions]
                         out["rows"][ctx] += decode
                         if decode:
                             means.append(sum(r[1] for r in decode) / len(decode))
@@ -151,24 +157,35 @@ def _swarm_figures(window_ms: float | None, layout: str, contexts: Sequence[int]
     return out
 
 
-def _inside_table(rows: Sequence[tuple[str, int, float]], blocks: dict[str, int],
+def _inside_table(rows: Sequence[tuple[str, int, float, float | None]], blocks: dict[str, int],
                   step: dict[tuple[int, int, int], dict[str, float]], ctx: int, mid: int) -> list[str]:
     """Per server and number of sessions k its decode batches had: steps seen, tokens/s inside the server
-    (k / median seconds), the bare forward's and PETALS' step's in process at k, and the ratios."""
+    (k / median seconds), the bare forward's and PETALS' step's in process at k, and the ratios; then the bare
+    forward the server probed itself: batches probed and the mean of their paired in/bare ratios (± its 95 %
+    half-width)."""
     import numpy as np
+
+    from petals_chain.experiments.common import mean_ci
 
     lines = []
     for name in sorted(blocks):
         by_k: dict[int, list[float]] = {}
-        for server, k, sec in rows:
+        paired: dict[int, list[float]] = {}
+        for server, k, sec, bare in rows:
             if server == name:
                 by_k.setdefault(k, []).append(sec)
+                if bare is not None:
+                    paired.setdefault(k, []).append(bare / sec)
         for k in sorted(by_k):
             ref = step.get((blocks[name], mid, k))
             inside = k / float(np.median(by_k[k]))
             tail = (f"{ref['c']:>7.1f} {ref['a']:>11.1f} | {inside / ref['c']:>7.2f} {inside / ref['a']:>9.2f}"
                     if ref else f"{'-':>7} {'-':>11} | {'-':>7} {'-':>9}")
-            lines.append(f"{ctx:>5} {name:>6} {blocks[name]:>6} {k:>3} {len(by_k[k]):>6} | {inside:>7.1f} | {tail}")
+            mean, half = mean_ci(paired.get(k, []))
+            probed = (f"{len(paired.get(k, [])):>6} {mean:>7.2f} ± {half:<5.2f}" if paired.get(k) else
+                      f"{0:>6} {'-':>7}   {'-':<5}")
+            lines.append(f"{ctx:>5} {name:>6} {blocks[name]:>6} {k:>3} {len(by_k[k]):>6} | {inside:>7.1f} | {tail} |"
+                         f" {probed}")
     return lines
 
 
@@ -196,6 +213,9 @@ def run(argv: list[str] | None = None) -> int:
                    help="a round trip (ms) added in front of each server, one per server of the layout (a delaying "
                         "relay, as the testbed's; e.g. 24.78 25.09, the RIPE Atlas RTTs of the emulated testbed's "
                         "first two servers); default none, plain loopback")
+    p.add_argument("--bare-probe-every", type=int, default=4, metavar="N",
+                   help="the batching servers time the bare forward after every N-th decode batch (their "
+                        "--bare-probe-every; 0: not at all); default 4")
     p.add_argument("--pin", action="store_true",
                    help="each server's runtime thread alone on the first CPU (--runtime-cpus), everything else (its "
                         "handlers, the client) on the others: inside-server times without the RPC work's contention")
@@ -208,6 +228,9 @@ def run(argv: list[str] | None = None) -> int:
         return 2
     if min(args.windows_ms) < 0:
         print("error: --windows-ms must be >= 0")
+        return 2
+    if args.bare_probe_every < 0:
+        print("error: --bare-probe-every must be >= 0 (0: no probe)")
         return 2
     if args.rtt_ms and (len(args.rtt_ms) != LAYOUTS[args.layout] or min(args.rtt_ms) < 0):
         print(f"error: --rtt-ms needs {LAYOUTS[args.layout]} round trips >= 0 for layout {args.layout}, got "
@@ -222,7 +245,8 @@ def run(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp:
         runs = {w: _swarm_figures(w, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
-                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions, args.pin, rtt_s)
+                                  Path(tmp) / f"batched-{w:g}", args.max_batch_sessions, args.pin, rtt_s,
+                                  args.bare_probe_every)
                 for w in args.windows_ms}
         petals = _swarm_figures(None, args.layout, args.contexts, args.sessions, args.new_tokens, args.client,
                                 Path(tmp) / "petals", 1, args.pin, rtt_s)
@@ -256,9 +280,10 @@ def run(argv: list[str] | None = None) -> int:
     print(f"\ninside the server (window {args.windows_ms[0]:g} ms): every decode batch of k sessions the servers ran, "
           "tokens/s = k / median step time; bare forward and PETALS' step in process (median of --repeat calls), same "
           "blocks and mean context, this run (PETALS' pool runs one session at a time: its tokens/s inside the server "
-          "at every b)")
+          f"at every b); then the bare forward probed by the server itself after every {args.bare_probe_every}-th "
+          "decode batch: batches probed, in/bare = mean of the paired per-batch ratios (bare s / step s) ± 95 %")
     print(f"{'ctx':>5} {'server':>6} {'blocks':>6} {'k':>3} {'steps':>6} | {'inside':>7} | {'bare':>7} "
-          f"{'PETALS step':>11} | {'in/bare':>7} {'in/PETALS':>9}")
+          f"{'PETALS step':>11} | {'in/bare':>7} {'in/PETALS':>9} | {'probed':>6} {'in/bare in server':>17}")
     for ctx, m in zip(args.contexts, mid):
         for line in _inside_table(first["rows"][ctx], first["blocks"], step, ctx, m):
             print(line)

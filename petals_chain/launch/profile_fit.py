@@ -138,23 +138,29 @@ def synthetic_samples(fit: ServerFit, jobs: Iterable[tuple[int, int, int]], rng:
 
 @dataclass(frozen=True)
 class BatchStep:
-    """One runtime batch a server ran (its step log, ``PETALS_CHAIN_STEP_LOG``): sessions, tokens, seconds."""
+    """One runtime batch a server ran (its step log, ``PETALS_CHAIN_STEP_LOG``): sessions, tokens, seconds, and the
+    bare forward that mirrored it when the server probed it (``--bare-probe-every``), else None."""
 
     sessions: int
     tokens: int
     seconds: float
+    bare_seconds: float | None = None
 
 
 def read_step_log(path: str | Path) -> list[BatchStep]:
-    """The rows of a server's step log (CSV ``sessions,tokens,seconds``); SpecError naming the line if malformed."""
+    """The rows of a server's step log (CSV ``sessions,tokens,seconds[,bare_seconds]``, the last empty when not
+    probed; logs from before the probe have three columns); SpecError naming the line if malformed."""
     rows = []
     lines = Path(path).read_text().splitlines()
     for i, line in enumerate(lines[1:], start=2):
         try:
-            b, n, t = line.split(",")
-            rows.append(BatchStep(int(b), int(n), float(t)))
+            b, n, t, *rest = line.split(",")
+            if len(rest) > 1:
+                raise ValueError
+            bare = float(rest[0]) if rest and rest[0] else None
+            rows.append(BatchStep(int(b), int(n), float(t), bare))
         except ValueError:
-            raise SpecError(f"{path}:{i}: expected 'sessions,tokens,seconds', got {line!r}") from None
+            raise SpecError(f"{path}:{i}: expected 'sessions,tokens,seconds[,bare_seconds]', got {line!r}") from None
     return rows
 
 

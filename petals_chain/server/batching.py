@@ -43,6 +43,7 @@ from petals.server.server import RuntimeWithDeduplicatedPools
 from petals.server.task_pool import PrioritizedTaskPool, Task, _move_to_device_if_tensor
 
 from petals_chain import defaults
+from petals_chain.server.bare_probe import BareProbe
 from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class StepLog:
     (no queueing, no RPC). How the profiler measures τp(b) inside the server (launch/profile_live.py); a file, not
     a buffer, so the server's memory does not grow with its uptime."""
 
-    HEADER = "sessions,tokens,seconds\n"
+    HEADER = "sessions,tokens,seconds,bare_seconds\n"
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -68,9 +69,10 @@ class StepLog:
         if fresh:
             self._file.write(self.HEADER)
 
-    def write(self, sessions: int, tokens: int, seconds: float) -> None:
-        """One batch's row."""
-        self._file.write(f"{sessions},{tokens},{seconds:.6f}\n")
+    def write(self, sessions: int, tokens: int, seconds: float, bare_seconds: float | None = None) -> None:
+        """One batch's row; ``bare_seconds``: the bare forward that mirrored it (server/bare_probe.py), if probed."""
+        bare = "" if bare_seconds is None else f"{bare_seconds:.6f}"
+        self._file.write(f"{sessions},{tokens},{seconds:.6f},{bare}\n")
 
     @classmethod
     def from_env(cls) -> StepLog | None:
@@ -82,7 +84,7 @@ class StepLog:
 @dataclass(frozen=True)
 class BatchingConfig:
     """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``)."""
+    ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``, ``--bare-probe-every``)."""
 
     max_sessions: int = defaults.MAX_BATCH_SESSIONS
     window_s: float = defaults.BATCH_WINDOW_S
@@ -92,6 +94,7 @@ class BatchingConfig:
     attention: str = defaults.BATCH_ATTENTION
     runtime_cpus: tuple[int, ...] = ()  # the runtime thread's CPUs; the server's other threads get the rest
     kv_arena: str = defaults.KV_ARENA  # sessions' caches as rows of one tensor per block (server/kv_arena.py)
+    bare_probe_every: int = 0  # time the bare forward after every N-th decode batch (server/bare_probe.py); 0: off
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0 or \
@@ -103,6 +106,8 @@ class BatchingConfig:
                              f" got {self.attention!r}")
         if self.kv_arena not in defaults.KV_ARENA_MODES:
             raise ValueError(f"kv arena must be one of {', '.join(defaults.KV_ARENA_MODES)}, got {self.kv_arena!r}")
+        if self.bare_probe_every < 0:
+            raise ValueError(f"the bare probe's period must be >= 0 (0: off), got {self.bare_probe_every}")
 
     def for_device(self, device: torch.device | str | None) -> BatchingConfig:
         """This config with the prefill chunk resolved for a server on ``device`` (None: CPU)."""
@@ -200,6 +205,7 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self._partial: dict[int, list[torch.Tensor]] = {}  # task uid → outputs of its chunks run so far
         self._batch_ids = itertools.count()  # a batch's uid (a chunked task heads several batches: not its uid)
         self.chunks_run = 0  # chunks of long steps that ran (each in a batch of its own or beside other steps)
+        self.bare_probe = BareProbe(batched_step, config.bare_probe_every) if config.bare_probe_every else None
 
     # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
 
@@ -347,8 +353,10 @@ class BatchingInferencePool(PrioritizedTaskPool):
                 self.retried_batches += 1
                 results = [self._run_alone(args) for args in batch]
         results = self._join_chunks(self._dispatched_tasks.get(uid, ()), results)
+        seconds = time.perf_counter() - started
+        bare = self.bare_probe.after(batch) if self.bare_probe is not None else None
         if self.step_log is not None:
-            self.step_log.write(len(batch), tokens, time.perf_counter() - started)
+            self.step_log.write(len(batch), tokens, seconds, bare)
         self._count(len(batch))
         return results, tokens
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from petals_chain import defaults
 from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, add_token_option, checked_text, duration_range,
-                                   float_arg, positive_int_arg, token_files, warn_token_flags)
+                                   count_arg, float_arg, positive_int_arg, token_files, warn_token_flags)
 from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
@@ -119,6 +119,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     g.add_argument("--step-log", default="", metavar="CSV",
                    help="append one row per batched inference step (sessions, tokens, seconds of the step itself) "
                         "to this CSV: the server's own step times, as the profiler reads them for tau_p(b)")
+    g.add_argument("--bare-probe-every", type=count_arg, default=0, metavar="N",
+                   help="after every N-th decode batch, also time the bare batched forward of the same blocks over "
+                        "as many sessions at their mean context with preallocated caches, and log it beside the "
+                        "step (--step-log, column bare_seconds): the runtime's overhead measured where it runs; "
+                        "costs one more forward every N batches and scratch caches; default 0 (off)")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return token_files(p.parse_args(argv), "--token")
@@ -169,13 +174,15 @@ def _positive(name: str, value: float | None) -> None:
 
 def batching_config(args: argparse.Namespace) -> Any:
     """The server's ``BatchingConfig`` from ``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
-    ``--prefill-chunk-tokens``, ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``."""
+    ``--prefill-chunk-tokens``, ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``,
+    ``--bare-probe-every``."""
     from petals_chain.server.batching import BatchingConfig
 
     return BatchingConfig(max_sessions=args.max_batch_sessions, window_s=args.batch_window_ms / 1e3,
                           max_tokens=args.max_batch_tokens, prefill_chunk_tokens=args.prefill_chunk_tokens,
                           step_log=args.step_log, attention=args.batch_attention,
-                          runtime_cpus=args.runtime_cpus, kv_arena=args.kv_arena)
+                          runtime_cpus=args.runtime_cpus, kv_arena=args.kv_arena,
+                          bare_probe_every=args.bare_probe_every)
 
 
 def build_server(args: argparse.Namespace) -> Any:

@@ -34,6 +34,8 @@ def test_options_reach_the_config() -> None:
     chunked = batching_config(parse_args([*BASE, "--prefill-chunk-tokens", "48"]))
     assert chunked.prefill_chunk_tokens == 48 == chunked.for_device("cuda").prefill_chunk_tokens
     assert batching_config(parse_args([*BASE, "--prefill-chunk-tokens", "auto"])).prefill_chunk_tokens is None
+    assert batching_config(parse_args([*BASE, "--bare-probe-every", "8"])).bare_probe_every == 8
+    assert batching_config(parse_args(BASE)).bare_probe_every == 0
 
 
 @pytest.mark.parametrize("option, value", [
@@ -43,6 +45,7 @@ def test_options_reach_the_config() -> None:
     ("--max-batch-tokens", "x"), ("--batch-attention", "paged"), ("--kv-arena", "yes"), ("--prefill-chunk-tokens", "0"),
     ("--prefill-chunk-tokens", "some"), ("--runtime-cpus", "zero"),
     ("--runtime-cpus", "3-1"), ("--runtime-cpus", "4096"), ("--runtime-cpus", "0-4095"),
+    ("--bare-probe-every", "-1"), ("--bare-probe-every", "often"),
 ])
 def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:

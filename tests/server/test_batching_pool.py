@@ -416,7 +416,43 @@ def test_one_session_config_builds_petals_own_pool() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_sessions=0), dict(max_tokens=0), dict(window_s=-1.0),
-                                    dict(window_s=float("nan"))])
+                                    dict(window_s=float("nan")), dict(bare_probe_every=-1)])
 def test_bad_config_is_refused(kwargs) -> None:
     with pytest.raises(ValueError):
         BatchingConfig(**kwargs)
+
+
+def test_bare_probe_logs_the_bare_forward_beside_every_nth_decode_batch(tmp_path) -> None:
+    """--bare-probe-every 2 with a step log: of four decode batches of two sessions, the 2nd and the 4th carry a
+    bare time (> 0) beside their own, the others and a prefill batch none; the sessions' outputs are PETALS' and
+    their caches are untouched by the probe (the next step still matches the reference)."""
+    from petals_chain.launch.profile_fit import read_step_log
+
+    log = tmp_path / "steps.csv"
+    config = BatchingConfig(max_sessions=4, window_s=0.0, max_tokens=64, step_log=str(log), bare_probe_every=2)
+    with _started_pool(config) as (pool, backends):
+        torch.manual_seed(1)
+        sessions = [(allocate_session(backends, 1, MAX_LENGTH), allocate_session(backends, 1, MAX_LENGTH))
+                    for _ in range(2)]
+        prompts = [torch.randn(1, n, TINY.hidden) for n in (4, 6)]
+        futures = [_submit(pool, backends, bat, h, 0) for (bat, _), h in zip(sessions, prompts)]
+        _wait_queued(pool, 2)
+        assert _run(pool) == 2
+        for (_, ref), h, fut in zip(sessions, prompts, futures):
+            want = _reference(backends, h, 0, ref)
+            assert (fut.result(5)[0] - want).abs().max().item() < TOL
+        lengths = [4, 6]
+        for _ in range(4):
+            steps = [torch.randn(1, 1, TINY.hidden) for _ in sessions]
+            futures = [_submit(pool, backends, bat, h, n) for (bat, _), h, n in zip(sessions, steps, lengths)]
+            _wait_queued(pool, 2)
+            assert _run(pool) == 2
+            for (_, ref), h, n, fut in zip(sessions, steps, lengths, futures):
+                want = _reference(backends, h, n, ref)
+                assert (fut.result(5)[0] - want).abs().max().item() < TOL
+            lengths = [n + 1 for n in lengths]
+    rows = read_step_log(log)
+    assert [(r.sessions, r.tokens) for r in rows] == [(2, 10)] + [(2, 2)] * 4
+    probed = [r.bare_seconds is not None for r in rows]
+    assert probed == [False, False, True, False, True]
+    assert all(r.bare_seconds > 0 for r in rows if r.bare_seconds is not None)
