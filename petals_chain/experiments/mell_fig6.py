@@ -8,7 +8,7 @@ import numpy as np
 from tqdm import tqdm
 
 from petals_chain.experiments.common import Summary, mean_ci, read_csv, replotting, save_figure, write_csv
-from petals_chain.experiments.mell_common import RATES, SETTINGS, command, config, scale, workload
+from petals_chain.experiments.mell_common import SETTINGS, WORKLOADS, command, config, scale, workload
 from petals_chain.experiments.paper import run_seeds
 from petals_chain.mell.serving import serve_fixed
 
@@ -19,13 +19,14 @@ REPLOT = True  # `--replot` redraws mell_fig6.png and its summary from results/m
 
 
 def run(args) -> Summary:
-    """Serve the same arrivals on POOL GPUs with and without migration for each setting and rate."""
+    """Serve the same arrivals on POOL GPUs with and without migration for each setting and workload (the three
+    Poisson rates and the Azure arrivals)."""
     if replotting(args):
         return _report(args, saved_rows(args.out))
     sc = scale(args.quick)
     horizon_s = 400.0 if args.quick else 1200.0
     rows = []
-    cells = [(s, w) for s in SETTINGS for w in RATES]
+    cells = [(s, w) for s in SETTINGS for w in WORKLOADS]
     for s, w in tqdm(cells, desc="mell fig6", unit="cell"):
         cfg = config(s)
         for r, rng in enumerate(run_seeds(args.seed, sc.runs)):
