@@ -189,6 +189,24 @@ def _inside_table(rows: Sequence[tuple[str, int, float, float | None]], blocks: 
     return lines
 
 
+BANDS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 10**6))  # k bands of the pooled in-server probe line
+
+
+def _probe_bands(rows: Sequence[tuple[str, int, float, float | None]]) -> str:
+    """The in-server probe pooled over bands of k (few batches of each large k are probed): per band with a probed
+    batch, 'k lo–hi: n, mean ± 95 %' of the paired bare/step ratios."""
+    from petals_chain.experiments.common import mean_ci
+
+    cells = []
+    for lo, hi in BANDS:
+        ratios = [bare / sec for _, k, sec, bare in rows if bare is not None and lo <= k <= hi]
+        if ratios:
+            mean, half = mean_ci(ratios)
+            band = f"k {lo}" if lo == hi else f"k {lo}-{hi}"
+            cells.append(f"{band}: {len(ratios)} batches, {mean:.2f} ± {half:.2f}")
+    return "; ".join(cells) if cells else "no batch probed"
+
+
 def run(argv: list[str] | None = None) -> int:
     """Print the live figures and the same run's in-process baseline; returns 0."""
     from petals_chain import defaults
@@ -287,6 +305,8 @@ def run(argv: list[str] | None = None) -> int:
     for ctx, m in zip(args.contexts, mid):
         for line in _inside_table(first["rows"][ctx], first["blocks"], step, ctx, m):
             print(line)
+    for ctx in args.contexts:
+        print(f"in/bare in server, pooled by k (ctx {ctx}): {_probe_bands(first['rows'][ctx])}")
     print(f"load average (1, 5, 15 min) before {tuple(round(x, 2) for x in load_before)}, after the live runs "
           f"{tuple(round(x, 2) for x in load_live)}, at the end {tuple(round(x, 2) for x in os.getloadavg())}")
     return 0

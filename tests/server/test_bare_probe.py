@@ -102,3 +102,14 @@ def test_bench_server_reports_the_paired_in_server_ratio() -> None:
     assert two.split("|")[-1].split()[:2] == ["2", "0.85"]  # (0.8 + 0.9) / 2 over the 2 probed batches
     assert " 0.80 " in two.split("|")[3]  # in process: 2 / 0.010 = 200 tokens/s against a bare 250
     assert three.split("|")[-1].split()[:2] == ["0", "-"]
+
+
+def test_bench_server_pools_the_probe_by_bands_of_k() -> None:
+    from petals_chain.bench.server import _probe_bands
+
+    rows = [("s0", 1, 0.01, 0.009), ("s0", 3, 0.01, 0.008), ("s0", 4, 0.02, 0.018), ("s0", 4, 0.02, None),
+            ("s0", 12, 0.05, 0.04)]
+    text = _probe_bands(rows)
+    assert text.startswith("k 1: 1 batches, 0.90 ± nan; k 3-4: 2 batches, 0.85 ± ")
+    assert text.endswith("k 9-16: 1 batches, 0.80 ± nan")
+    assert _probe_bands([("s0", 2, 0.01, None)]) == "no batch probed"
