@@ -25,6 +25,7 @@ EXPERIMENTS: dict[str, str] = {
     "moldable-fig2": "moldable_fig2",
     "moldable-classes": "moldable_classes",
     "moldable-live": "moldable_live",  # live: SmolLM2 on a loopback swarm, speculative width (docs/moldable.md)
+    "mell-fig3": "mell_fig3",  # from the committed GPU measurement (results/gpu-batched/), nothing simulated
     "mell-fig6": "mell_fig6",
     "mell-fig11": "mell_fig11",
     "mell-fig12": "mell_fig12",

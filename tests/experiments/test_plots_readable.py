@@ -257,6 +257,12 @@ def _mell(name: str, key: str, policies: tuple[str, ...]) -> Any:
     return mc.bar_figure(rows, key, policies, key, name)
 
 
+def _mell_fig3() -> Any:
+    from petals_chain.experiments import mell_fig3 as m
+
+    return m.fig3_figure(m.saved_rows())
+
+
 def _mell_fig6() -> Any:
     from petals_chain.experiments import mell_fig6 as m
 
@@ -298,6 +304,7 @@ FIGURES: dict[str, Callable[[], Any]] = {
     "mell_fig14.png": lambda: _mell("mell_fig14", "utilisation_pct",
                                     ("Mell", "BF", "WF", "LB", "BF-p", "WF-p", "LB-p")),
     "mell_fig6.png": _mell_fig6,
+    "mell_fig3.png": _mell_fig3,
     "torta-fig9.png": lambda: _torta([("power_cost", "power cost"), ("switching", "switching")]),
     "torta-fig10.png": lambda: _torta([("load_balance", "load balance"), ("load_balance_horizon", "per server")]),
     "moldable_fig2.png": _moldable_fig2,
