@@ -85,6 +85,7 @@ def add_ray_option(parser: Any) -> None:
     """Add ``--ray ADDRESS`` (checked where parsed: a malformed address is argparse's one-line error)."""
 
     def address(text: str) -> str:
+        """The address as given, or argparse's one-line error naming --ray."""
         try:
             return parse_ray_address(text)
         except RayBackendError as exc:
@@ -100,6 +101,7 @@ def add_ray_option(parser: Any) -> None:
 
 
 def _unreachable(address: str, host: str, port: int, why: object) -> NoReturn:
+    """Raise the one-line RayBackendError for a head that refused or did not answer, saying how to start one."""
     raise RayBackendError(f"--ray {address}: no Ray head answers at {host}:{port} ({why}); start one there with "
                           f"`ray start --head --port {port}`")
 
