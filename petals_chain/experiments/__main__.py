@@ -11,6 +11,7 @@ from petals_chain.data import DATA_ENV, DataDirError, set_data_dir
 from petals_chain.experiments import EXPERIMENTS, load
 from petals_chain.experiments.common import REPO, publish
 from petals_chain.model import SpecError
+from petals_chain.sim.montecarlo import RayBackendError, add_ray_option, connect_ray
 
 
 def grid_cell(text: str) -> tuple[int, float]:
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replot", action="store_true",
                    help="redraw the PNG (and README section) from the saved CSV without simulating (the experiments "
                         "that can: see the error for any other)")
-    p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs")
+    p.add_argument("--workers", type=int, default=None, help="parallel processes for Monte Carlo runs (with --ray: "
+                   "replications in flight at once, default: as many as the cluster schedules)")
+    add_ray_option(p)
     p.add_argument("--cells", type=grid_cell, nargs="+", default=None, metavar="J:ETA",
                    help="fig8: only these (J, η) cells of its grid (e.g. 10:0.4), with the seeds they have in the "
                         "whole grid; written to fig8_cell_check.csv, leaving fig8's own results as they are")
@@ -65,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --cells runs every method in its cells; --methods reruns some methods in every cell",
               file=sys.stderr)
         return 2
+    if args.ray:  # join the cluster before any work, so that a wrong address costs nothing
+        try:
+            connect_ray(args.ray)
+        except RayBackendError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         t0 = time.perf_counter()

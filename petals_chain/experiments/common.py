@@ -84,6 +84,12 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
         return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(fh)]
 
 
+def backend(args: Any) -> dict[str, Any]:
+    """Where an experiment's replications run, as ``run_replications`` keywords: ``--workers`` local processes, or
+    Ray tasks on the cluster of ``--ray`` (results and checkpoints are the same either way)."""
+    return {"workers": getattr(args, "workers", None), "ray": getattr(args, "ray", None)}
+
+
 def replotting(args: Any) -> bool:
     """True when the run should redraw its PNG from the saved CSV instead of simulating (``--replot``)."""
     return bool(getattr(args, "replot", False))

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from petals_chain.compose.method_table import METHODS
-from petals_chain.experiments.common import Summary, checkpoint_path, read_csv, replotting, save_figure, write_csv
+from petals_chain.experiments.common import (Summary, backend, checkpoint_path, read_csv, replotting, save_figure,
+                                             write_csv)
 from petals_chain.experiments.paper import DEFAULT, draw_cluster, model
 from petals_chain.model import InfeasibleError, SpecError
 from petals_chain.sim.montecarlo import confidence_interval, run_replications
@@ -217,7 +218,7 @@ def run_cells(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...]
     if replotting(args):
         raise SpecError("--cells recomputes its cells; --replot redraws the whole grid from fig8_runs.csv")
     only = [settings.index(cell) * cfg["runs"] + r for cell in picked for r in range(cfg["runs"])]
-    rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
+    rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
                             desc="fig8 cells", checkpoint=checkpoint_path("fig8", args), only=only)
     red = reductions(rows, picked)
     agg = {(r["J"], r["eta"], r["method"]): r for r in aggregate(rows, picked)}
@@ -258,7 +259,7 @@ def rerun_methods(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], 
         raise SpecError(f"--methods: {args.out / 'fig8_runs.csv'} is not a whole {len(expect)}-run grid of this "
                         "configuration (run fig8 in full first)")
     task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"], methods=tuple(dict.fromkeys(methods)))
-    fresh = run_replications(task, len(expect), args.seed, workers=getattr(args, "workers", None),
+    fresh = run_replications(task, len(expect), args.seed, **backend(args),
                              desc=f"fig8 {' '.join(methods)}", checkpoint=checkpoint_path("fig8", args))
     out = []
     for old, new in zip(saved, fresh):
@@ -282,7 +283,7 @@ def run(args) -> Summary:
         rows = rerun_methods(args, cfg, settings, only_methods)
         write_csv(args.out / "fig8_runs.csv", rows)
     else:
-        rows = run_replications(task, len(settings) * cfg["runs"], args.seed, workers=getattr(args, "workers", None),
+        rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
                                 desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
         write_csv(args.out / "fig8_runs.csv", rows)
     agg = aggregate(rows, settings)

@@ -7,7 +7,7 @@ partition costs (docs/moldable.md, "Several classes")."""
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
+from petals_chain.experiments.common import Summary, backend, checkpoint_path, plt, write_csv
 from petals_chain.moldable.classes_sim import SCHEMES, ClassesRun
 from petals_chain.moldable.sim import replicate_cells, summarise
 
@@ -24,7 +24,7 @@ def run(args) -> Summary:
         sizes, runs, arrivals = (250, 500, 1000, 4000, 16000), 10, 5_000_000
     keys = [(n, scheme) for n in sizes for scheme in SCHEMES]
     cells = [ClassesRun(n, CLASSES, scheme, "exp", arrivals) for n, scheme in keys]
-    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable classes runs",
+    grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable classes runs",
                               checkpoint=checkpoint_path("moldable-classes", args))
     rows = []
     for (n, scheme), reps in zip(keys, grouped):

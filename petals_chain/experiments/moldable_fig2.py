@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from petals_chain.experiments.common import (Summary, checkpoint_path, figure, read_csv, replotting, save_figure,
-                                             write_csv)
+from petals_chain.experiments.common import (Summary, backend, checkpoint_path, figure, read_csv, replotting,
+                                             save_figure, write_csv)
 from petals_chain.moldable import paper as P
 from petals_chain.moldable.bounds import stein_bounds
 from petals_chain.moldable.optimal import optimal_allocation
@@ -36,7 +36,7 @@ def run(args) -> Summary:
                 for scheme in SCHEMES:
                     keys.append((speed_name, regime, n, scheme, lam, SpeedUp(speed)))
                     cells.append(MoldableRun(n, lam, speed, scheme, "exp", arrivals))
-    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable Fig. 2 runs",
+    grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable Fig. 2 runs",
                               checkpoint=checkpoint_path("moldable-fig2", args))
     rows = []
     for (speed_name, regime, n, scheme, lam, sp), reps in zip(keys, grouped):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
+from petals_chain.experiments.common import Summary, backend, checkpoint_path, plt, write_csv
 from petals_chain.moldable import paper as P
 from petals_chain.moldable.optimal import optimal_allocation
 from petals_chain.moldable.sim import MoldableRun, regime_load, replicate_cells, summarise
@@ -24,7 +24,7 @@ def run(args) -> Summary:
             for k, dist in enumerate(P.DISTS):
                 keys.append((speed_name, regime, alpha, beta, k, dist, lam, SpeedUp(speed)))
                 cells.append(MoldableRun(P.TABLE1_N, lam, speed, "greedy-p", dist, P.TABLE1_ARRIVALS))
-    grouped = replicate_cells(cells, runs, args.seed, workers=args.workers, desc="moldable Table 1 runs",
+    grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable Table 1 runs",
                               checkpoint=checkpoint_path("moldable-table1", args))
     rows = []
     for (speed_name, regime, alpha, beta, k, dist, lam, sp), reps in zip(keys, grouped):

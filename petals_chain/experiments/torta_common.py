@@ -7,7 +7,7 @@ docs/torta.md, "Experiments". Figs 8–11 read the same comparison rows, so it i
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from petals_chain.experiments.common import checkpoint_path, code_digest, mean_c
 from petals_chain.experiments.torta_train import plot_curve
 from petals_chain.sim.montecarlo import run_replications
 from petals_chain.torta.compare import evaluate, prepare
-from petals_chain.torta.params import DEFAULT, TortaParams
+from petals_chain.torta.params import DEFAULT, FULL_EPISODES, QUICK_EPISODES, QUICK_SCALE, TortaParams, scaled
 
 TOPOLOGIES = ("abilene", "polska", "gabriel25", "cost266")
 PAPER_NAME = {"abilene": "Abilene", "polska": "Polska", "gabriel25": "Gabriel", "cost266": "Cost2"}
@@ -37,21 +37,28 @@ PAPER = {
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Horizon, seeds, training episodes and parameters of a run (``--quick`` shrinks all of them)."""
+    """Horizon, seeds, training episodes and parameters of a run (``--quick`` shrinks all of them). How the run is
+    executed (``workers``, ``ray``) is left out of its repr, which keys the checkpoints: a seed finished by one
+    backend is reused by another."""
 
     slots: int
     seeds: int
     episodes: int
     params: TortaParams
-    workers: int
+    workers: int | None = field(default=None, repr=False, compare=False)
+    ray: str | None = field(default=None, repr=False, compare=False)
 
 
 def settings(args: Any) -> RunSettings:
-    """The settings for ``args.quick``: 32 slots, 5 seeds, 15 PPO episodes with a small trunk; else the paper's."""
-    workers = getattr(args, "workers", None) or 2
+    """The settings for ``args.quick``: the full day scaled to 32 slots (``scaled(DEFAULT, QUICK_SCALE)``), 5 seeds,
+    15 PPO episodes with a small trunk; else the paper's (480 slots, 150 episodes). Two worker processes by default;
+    with ``--ray`` the cluster decides, unless ``--workers`` caps the seeds in flight."""
+    ray = getattr(args, "ray", None)
+    workers = getattr(args, "workers", None) or (None if ray else 2)
     if args.quick:
-        return RunSettings(32, 5, 15, DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4), workers)
-    return RunSettings(DEFAULT.slots, 5, 150, DEFAULT, workers)
+        params = scaled(DEFAULT, QUICK_SCALE).with_(policy_hidden=(64, 128, 64), epochs=4)
+        return RunSettings(params.slots, 5, QUICK_EPISODES, params, workers, ray)
+    return RunSettings(DEFAULT.slots, 5, FULL_EPISODES, DEFAULT, workers, ray)
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
     A full run keeps each finished seed in a checkpoint (``stem``-topology), so hours of training resume."""
     task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints")
     out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}",
-                           checkpoint=checkpoint_path(f"{stem}-{topology}", args))
+                           checkpoint=checkpoint_path(f"{stem}-{topology}", args), ray=rs.ray)
     curve = out[0]["curve"]
     name = f"torta-train-{topology}"
     write_csv(args.out / f"{name}.csv", curve)

@@ -16,7 +16,7 @@ from pathlib import Path
 from petals_chain.experiments.common import REPO, plt, write_csv
 from petals_chain.torta import live_demo
 from petals_chain.torta.episode import make_scenario, oracle_forecast
-from petals_chain.torta.params import DEFAULT, QUICK_TRAINING
+from petals_chain.torta.params import DEFAULT, FULL_EPISODES, QUICK_EPISODES, QUICK_SCALE, QUICK_TRAINING, scaled
 from petals_chain.torta.topology import TOPOHUB_KEYS
 from petals_chain.torta.train import train
 
@@ -48,16 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ot", action="store_true", help="the RL-without-OT ablation")
     ap.add_argument("--out", type=Path, default=REPO / "results")
     args = ap.parse_args(argv)
-    episodes = args.episodes if args.episodes is not None else (15 if args.quick else 150)
+    episodes = args.episodes if args.episodes is not None else (QUICK_EPISODES if args.quick else FULL_EPISODES)
     if episodes < 1:
         print("error: --episodes must be >= 1", file=sys.stderr)
         return 2
-    params = QUICK_TRAINING if args.quick else DEFAULT
+    params = scaled(QUICK_TRAINING, QUICK_SCALE) if args.quick else DEFAULT  # --quick: the full day, scaled
     if args.topology == live_demo.TOPOLOGY:  # the live arrivals (other seeds) with the live moving-average forecast
         scenarios, forecast = live_demo.training_scenarios(args.seed), live_demo.live_forecast
     else:
-        slots = 32 if args.quick else DEFAULT.slots
-        scenarios, forecast = [make_scenario(args.topology, params, args.seed, slots)], oracle_forecast
+        scenarios, forecast = [make_scenario(args.topology, params, args.seed)], oracle_forecast
     res = train(scenarios, forecast, episodes, args.seed, use_ot=not args.no_ot,
                 checkpoint_dir=args.out / "checkpoints")
     name = f"torta-train-{args.topology}"

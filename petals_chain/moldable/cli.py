@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from petals_chain.moldable.optimal import optimal_allocation
 from petals_chain.moldable.policies import SCHEMES
 from petals_chain.moldable.sim import MoldableRun, regime_load, replicate, summarise
 from petals_chain.moldable.speedup import SpeedUp, linear, parse
+from petals_chain.sim.montecarlo import RayBackendError, add_ray_option
 
 
 def _speedup(text: str) -> SpeedUp:
@@ -65,7 +67,11 @@ def _simulate(args: argparse.Namespace) -> int:
         raise SpecError(f"arrivals: must be a positive integer, got {args.arrivals!r}")
     lam = regime_load(args.n, _float("alpha", args.alpha), _float("beta", args.beta))
     run = MoldableRun(args.n, lam, sp.s, args.scheme, args.dist, int(args.arrivals))
-    rows = replicate(run, args.runs, args.seed, workers=args.workers, progress=not args.json)
+    try:
+        rows = replicate(run, args.runs, args.seed, workers=args.workers, progress=not args.json, ray=args.ray)
+    except RayBackendError as exc:  # no Ray head at --ray: one line, nothing run
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     summ = summarise(rows)
     d_star = optimal_allocation(sp, lam).execution_time
     checks = {"little_rel_err_max": max(r["little_rel_err"] for r in rows),
@@ -108,5 +114,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--runs", type=int, default=10, help="independent runs (default 10)")
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--workers", type=int, default=None, help="processes (default: all cores)")
+    add_ray_option(s)
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=_simulate)

@@ -110,9 +110,9 @@ def measures(sp: SpeedUp, n: int, load: float, area: np.ndarray, out: np.ndarray
 
 
 def replicate(run: MoldableRun, runs: int, seed: int, *, workers: int | None = None, progress: bool = True,
-              desc: str = "moldable runs") -> list[dict[str, Any]]:
-    """``runs`` independent replications (SeedSequence.spawn) on all cores."""
-    return run_replications(run, runs, seed, workers=workers, progress=progress, desc=desc)
+              desc: str = "moldable runs", ray: str | None = None) -> list[dict[str, Any]]:
+    """``runs`` independent replications (SeedSequence.spawn) on all cores, or on the Ray cluster ``ray``."""
+    return run_replications(run, runs, seed, workers=workers, progress=progress, desc=desc, ray=ray)
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,13 @@ class CellBatch:
 
 def replicate_cells(cells: list[MoldableRun], runs: int, seed: int, *, workers: int | None = None,
                     progress: bool = True, desc: str = "moldable runs",
-                    checkpoint: str | Path | None = None) -> list[list[dict[str, Any]]]:
-    """``runs`` replications of every cell in one pool; returns the rows grouped by cell, in order.
+                    checkpoint: str | Path | None = None, ray: str | None = None) -> list[list[dict[str, Any]]]:
+    """``runs`` replications of every cell in one pool (or on the Ray cluster ``ray``); returns the rows grouped by
+    cell, in order.
 
     ``checkpoint``: a JSONL file that makes the run resumable (see ``run_replications``)."""
     rows = run_replications(CellBatch(tuple(cells), runs), len(cells) * runs, seed, workers=workers,
-                            progress=progress, desc=desc, checkpoint=checkpoint)
+                            progress=progress, desc=desc, checkpoint=checkpoint, ray=ray)
     return [rows[c * runs:(c + 1) * runs] for c in range(len(cells))]
 
 

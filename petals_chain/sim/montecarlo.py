@@ -1,8 +1,10 @@
-"""Monte Carlo replications in parallel processes, one independent seeded generator each, with 95 % CIs.
+"""Monte Carlo replications in parallel processes or on a Ray cluster, one independent seeded generator each, with
+95 % CIs.
 
 Replication r gets ``numpy.random.SeedSequence(seed).spawn(R)[r]``, so results
-do not depend on the number of worker processes or on scheduling order.
-Workers are started with the 'spawn' method (safe with numba and threads).
+do not depend on the number of worker processes, on scheduling order or on the backend.
+Local workers are started with the 'spawn' method (safe with numba and threads). With ``ray=ADDRESS`` the
+replications are Ray tasks instead (README, "Experiments on a cluster"); Ray is imported only then.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import json
 import math
 import multiprocessing
 import os
+import re
+import socket
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from scipy import stats
@@ -59,6 +63,103 @@ def confidence_interval(values: Sequence[float] | np.ndarray, level: float = 0.9
     return Summary(mean, std, int(x.size), mean - half, mean + half, level)
 
 
+class RayBackendError(ValueError):
+    """The Ray backend cannot be used: a malformed address, no Ray head there, or Ray not installed (one line)."""
+
+
+RAY_VERSION = "2.60.0"  # requirements/project.txt
+_RAY_ADDRESS = re.compile(r"(?:ray://)?(?P<host>\[[0-9A-Fa-f:]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(?P<port>[0-9]{1,5})")
+PROBE_TIMEOUT_S = 5.0  # a head that does not accept a TCP connection within this long is reported as unreachable
+
+
+def parse_ray_address(text: str) -> str:
+    """``text`` if it is ``auto`` or a Ray head's ``HOST:PORT`` (optionally ``ray://HOST:PORT``, Ray Client), else
+    RayBackendError naming what was given."""
+    m = _RAY_ADDRESS.fullmatch(text.strip())
+    if text.strip() == "auto" or (m and 0 < int(m["port"]) < 65536):
+        return text.strip()
+    raise RayBackendError(f"--ray: expected auto or a Ray head's HOST:PORT (e.g. 10.0.0.1:6379), got {text!r}")
+
+
+def add_ray_option(parser: Any) -> None:
+    """Add ``--ray ADDRESS`` (checked where parsed: a malformed address is argparse's one-line error)."""
+
+    def address(text: str) -> str:
+        """The address as given, or argparse's one-line error naming --ray."""
+        try:
+            return parse_ray_address(text)
+        except RayBackendError as exc:
+            import argparse
+
+            raise argparse.ArgumentTypeError(str(exc).removeprefix("--ray: ")) from None
+
+    address.__name__ = "Ray address"
+    parser.add_argument("--ray", type=address, default=None, metavar="ADDRESS",
+                        help="run the replications as Ray tasks on the cluster whose head is ADDRESS (HOST:PORT, "
+                             "as `ray start --head` prints), or `auto`: a running local Ray, else a new one in this "
+                             "process; the same seeds, checkpoints and results as local processes")
+
+
+def _unreachable(address: str, host: str, port: int, why: object) -> NoReturn:
+    """Raise the one-line RayBackendError for a head that refused or did not answer, saying how to start one."""
+    raise RayBackendError(f"--ray {address}: no Ray head answers at {host}:{port} ({why}); start one there with "
+                          f"`ray start --head --port {port}`")
+
+
+def connect_ray(address: str) -> Any:
+    """The ``ray`` module, connected to ``address`` (see :func:`parse_ray_address`) unless this process already is
+    (then that session is used as it is). RayBackendError, one line, for a malformed or unreachable address or a
+    missing ``ray`` package; a concrete address is probed over TCP first (always: a stale address is reported even
+    in a connected process), as Ray itself would retry for a minute."""
+    address = parse_ray_address(address)
+    try:
+        import ray
+    except ImportError:
+        raise RayBackendError(f"--ray: the ray package is not installed (pip install ray=={RAY_VERSION})") from None
+    if address != "auto":
+        m = _RAY_ADDRESS.fullmatch(address)
+        host, port = m["host"].strip("[]"), int(m["port"])
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                pass
+        except OSError as exc:
+            _unreachable(address, host, port, exc.strerror or type(exc).__name__)
+    if ray.is_initialized():
+        return ray
+    try:
+        ray.init(address=None if address == "auto" else address, logging_level="WARNING", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayBackendError(f"--ray {address}: cannot join the Ray cluster: {first}") from None
+    return ray
+
+
+def _call(task: Task, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+    """One replication inside a Ray worker."""
+    return task(seed, index)
+
+
+def _run_on_ray(ray: Any, task: Task, children: list[np.random.SeedSequence], todo: list[int],
+                in_flight: int | None, done: Callable[[int, dict[str, Any]], None]) -> None:
+    """Run replications ``todo`` as tasks of the connected ``ray``, at most ``in_flight`` at once (None: all submitted,
+    the cluster schedules them by its CPUs), calling ``done`` as each finishes; the rest are cancelled if one fails."""
+    remote = ray.remote(num_cpus=1)(_call)
+    task_ref = ray.put(task)  # shipped once, not once per replication
+    queue, pending = list(todo), {}
+    limit = in_flight or len(todo)
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                r = queue.pop(0)
+                pending[remote.remote(task_ref, children[r], r)] = r
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                done(pending.pop(ref), ray.get(ref))
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
 def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[str, Any]]:
     """Rows already computed for this (task, seed, R) in a JSONL checkpoint; other keys and torn lines ignored."""
     done: dict[int, dict[str, Any]] = {}
@@ -77,12 +178,15 @@ def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[
 def run_replications(task: Task, replications: int, seed: int, *, workers: int | None = None,
                      progress: bool = True, desc: str = "replications",
                      checkpoint: str | Path | None = None,
-                     only: Collection[int] | None = None) -> list[dict[str, Any]]:
+                     only: Collection[int] | None = None, ray: str | None = None) -> list[dict[str, Any]]:
     """Run ``task(seed_sequence, r)`` for r = 0..R-1 (or the r in ``only``); results in replication order.
 
     ``task`` must be picklable (a module-level function or a dataclass instance
     with ``__call__``). ``workers=1`` runs in this process; the default uses up
-    to ``os.cpu_count()`` processes. With ``checkpoint`` (a JSONL file), every finished
+    to ``os.cpu_count()`` processes. ``ray`` (a Ray head's HOST:PORT, or ``auto``) runs
+    the replications as Ray tasks instead, ``workers`` (if given) capping how many are in flight;
+    every node must import the same code (README, "Experiments on a cluster"). The rows are the
+    same whatever the backend, and so are the checkpoints. With ``checkpoint`` (a JSONL file), every finished
     replication is appended as it completes and a rerun with the same task, seed and R
     computes only the missing ones (replication r always gets the same seed), so a
     long experiment survives being stopped and resumes where it was. ``only`` runs a subset
@@ -93,6 +197,7 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
     if only is not None and (not only or not all(isinstance(r, (int, np.integer)) and 0 <= r < replications
                                                  for r in only)):
         raise ValueError(f"run_replications: only must name replications in 0..{replications - 1}, got {only!r}")
+    ray_session = None if ray is None else connect_ray(ray)  # a bad address fails before anything runs or is written
     wanted = range(replications) if only is None else sorted({int(r) for r in only})
     children = np.random.SeedSequence(seed).spawn(replications)
     out: list[dict[str, Any] | None] = [None] * replications
@@ -108,6 +213,7 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
         if torn:  # a line cut short by a kill: end it so the next row starts on a line of its own
             sink.write("\n")
     todo = [r for r in wanted if out[r] is None]
+    in_flight = workers
     workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
 
     def done(r: int, row: dict[str, Any]) -> None:
@@ -119,7 +225,10 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
 
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, disable=not progress, leave=False)
     try:
-        if workers <= 1:
+        if ray_session is not None:
+            if todo:
+                _run_on_ray(ray_session, task, children, todo, in_flight, done)
+        elif workers <= 1:
             for r in todo:
                 done(r, task(children[r], r))
         else:

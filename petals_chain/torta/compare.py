@@ -43,7 +43,7 @@ def prepare(topology: str, params: TortaParams, slots: int, episodes: int, seed:
     """Train the predictor (offline series), the TORTA policy and the RL-without-OT policy for the system of
     ``seed`` on ``topology``, under arrivals of other seeds."""
     torch.set_num_threads(1)
-    spd = 86400.0 / params.slot_s
+    spd = params.slots_per_day
     scs = [make_scenario(topology, params, seed, slots, arrivals_seed=seed + PREDICTOR_SEED_OFFSET + k)
            for k in range(2)]
     series = [s.tasks.counts(slots, s.regions.n_regions) for s in scs]
@@ -64,7 +64,7 @@ def evaluate(setup: Setup, methods: tuple[str, ...] = METHODS,
     torch.set_num_threads(1)
     p, seed = setup.params, setup.seed
     sc = make_scenario(setup.topology, p, seed, setup.slots)
-    spd = 86400.0 / p.slot_s
+    spd = p.slots_per_day
     if forecast_accuracy is None:
         def fc(counts: np.ndarray, t: int) -> np.ndarray:
             return setup.predictor.predict(counts, t, spd)

@@ -47,7 +47,7 @@ class FluidMacroEnv(gym.Env):
         self.f = self.forecast(self.counts, t)
         self.prob = macro_plan(self.f, self.capacity, self.q, self.cost, p)
         return observation(self.u, self.q / self.capacity, self.f, self.f.sum() / self.capacity.sum(), t,
-                           86400.0 / p.slot_s, self.prob, self.a_prev)
+                           p.slots_per_day, self.prob, self.a_prev)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         """Start at slot 0 with empty queues and a uniform previous allocation."""

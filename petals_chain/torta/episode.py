@@ -114,7 +114,7 @@ def run_episode(sc: Scenario, method: str, forecast: Forecast, policy: Policy | 
     p, reg, tasks = sc.params, sc.regions, sc.tasks
     c = Cluster(sc)
     n_r, dt = reg.n_regions, p.slot_s
-    spd = 86400.0 / dt
+    spd = p.slots_per_day
     counts = tasks.counts(sc.slots, n_r)
     bounds = np.searchsorted(tasks.slot, np.arange(sc.slots + 1))
     cost = cost_matrix(reg.latency_s, reg.price_per_kwh, p)

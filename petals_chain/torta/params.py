@@ -5,6 +5,7 @@ Each field marked ⚑ is a choice the paper leaves open; docs/torta.md says why,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -55,7 +56,11 @@ class TortaParams:
     target_load: float = 0.5
     diurnal_amplitude: float = 0.5
     start_utc_h: float = 12.0
+    # the diurnal factor's period: a day of 24 h; scaled() compresses it with the horizon, so that a short run spans
+    # the same fraction of a day as the full one (docs/torta.md, "Quick and full settings")
+    diurnal_period_s: float = 86400.0
     surge_factor: float = 2.5
+    surge_start_slot: int = 240  # one surge, at a random origin, over slots [start, start + surge_slots) (⚑ time)
     surge_slots: int = 40
     n_models: int = 3
     model_switch_s: float = 5.6  # Fig 3: loading a model on a V100 (⚑ warm-cache speed-up not modelled)
@@ -126,7 +131,9 @@ class TortaParams:
     load_count: str = "slot"
     retry_s: float = 5.0  # buffered tasks are retried this often (⚑)
     min_active: int = 1
-    warm_start_slots: int = 5  # every server stays on for the first slots, until the predictor has history (⚑)
+    # every server stays on for the first slots, until the predictor has history (⚑); scaled() keeps >= 1, as slot 0
+    # has no history to size a pool on
+    warm_start_slots: int = 5
     util_target: float = 0.8  # pool sizing aims at this utilisation, for every method (⚑)
     warmup_min_s: float = 60.0
     warmup_max_s: float = 180.0
@@ -153,6 +160,28 @@ class TortaParams:
             raise TortaParamError(f"diurnal_amplitude: must be in [0, 1), got {self.diurnal_amplitude}")
         if self.price_max < self.price_min or self.price_min <= 0:
             raise TortaParamError(f"price_max: need 0 < price_min <= price_max, got {self.price_min}, {self.price_max}")
+        if not 0 < self.diurnal_period_s < math.inf:
+            raise TortaParamError(f"diurnal_period_s: must be > 0 and finite, got {self.diurnal_period_s!r}")
+        if self.surge_slots < 0 or self.surge_start_slot < 0 or self.warm_start_slots < 0:
+            raise TortaParamError(f"surge_start_slot, surge_slots, warm_start_slots: must be >= 0, got "
+                                  f"{self.surge_start_slot}, {self.surge_slots}, {self.warm_start_slots}")
+        self.surge_window()  # the surge lies strictly inside the horizon (scaled() keeps it so)
+
+    @property
+    def slots_per_day(self) -> float:
+        """Slots in one period of the diurnal cycle (the time-of-day features of the predictor and the policy)."""
+        return self.diurnal_period_s / self.slot_s
+
+    def surge_window(self, slots: int | None = None) -> tuple[int, int]:
+        """The surge's slots [start, end) within a horizon of ``slots`` (default ``self.slots``), ValueError (one
+        line) unless the surge starts and ends strictly inside it (no surge: (0, 0))."""
+        slots = self.slots if slots is None else slots
+        if self.surge_factor <= 1 or self.surge_slots == 0:
+            return 0, 0
+        start, end = self.surge_start_slot, self.surge_start_slot + self.surge_slots
+        if not 0 < start < end < slots:
+            raise TortaParamError(f"surge: slots [{start}, {end}) must lie strictly inside a horizon of {slots} slots")
+        return start, end
 
     def with_(self, **overrides: Any) -> TortaParams:
         """A copy with ``overrides`` applied (TortaParamError for an unknown field)."""
@@ -164,6 +193,38 @@ class TortaParams:
 
 
 DEFAULT = TortaParams()
+FULL_EPISODES = 150  # PPO episodes per policy of a full run (the paper's setting)
+QUICK_EPISODES = 15  # of a --quick run
+# --quick: the full day shrunk 15-fold, 32 of the full 480 slots (24 min of 6 h); see scaled()
+QUICK_SCALE = 1 / 15
+
+
+def scaled(params: TortaParams, scale: float) -> TortaParams:
+    """``params`` on a horizon ``scale`` times as long, with the same shape of day: the slot length stays, while the
+    horizon, the surge's start and length, the diurnal period and the warm start shrink (or grow) with it, so the
+    surge and the daily cycle fall at the same relative times (docs/torta.md, "Quick and full settings").
+
+    Counts are rounded to whole slots, and relative times kept against the rounded horizon (within half a slot; the
+    surge and the warm start keep at least one slot); TortaParamError (one line)
+    for a scale that is not a positive finite number or a horizon too short to hold the surge strictly inside it.
+    """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+        raise TortaParamError(f"scale: must be a positive finite number, got {scale!r}")
+    slots = round(params.slots * scale)
+    if slots < 1:
+        raise TortaParamError(f"scale: {scale!r} leaves no slot of the {params.slots}-slot horizon")
+    ratio = slots / params.slots  # the horizon's actual ratio, whole slots: relative times are kept against it
+    start = round(params.surge_start_slot * ratio)
+    surge = 0 if params.surge_slots == 0 else max(1, round((params.surge_start_slot + params.surge_slots) * ratio)
+                                                   - start)
+    warm = 0 if params.warm_start_slots == 0 else max(1, round(params.warm_start_slots * ratio))
+    try:
+        return params.with_(slots=slots, surge_start_slot=start, surge_slots=surge,
+                            diurnal_period_s=params.diurnal_period_s * ratio, warm_start_slots=warm)
+    except TortaParamError as exc:
+        raise TortaParamError(f"scale {scale!r}: {slots} slots are too short to hold the surge ({exc})") from None
+
+
 # ``train --quick``: a small trunk and 15 episodes, for which the paper's Adam 3e-4 barely moves the policy
 # (mean reward +14 % on Abilene, seed 1); 1e-3 gives +44 % (⚑ quick runs only; the full settings keep 3e-4)
 QUICK_TRAINING = DEFAULT.with_(policy_hidden=(64, 128, 64), epochs=4, lr=1e-3)

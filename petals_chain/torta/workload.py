@@ -1,7 +1,8 @@
 """Arrivals of a TORTA scenario: the Azure LLM 2023 traces tiled to the horizon, spread over origin regions.
 
 docs/torta.md, "Workload": per slot, the trace's request count (scaled to the target load) is split over
-origins by demand share × a diurnal factor of local time (longitude / 15 h), plus one surge at a random origin.
+origins by demand share × a diurnal factor of local time (longitude / 15 h), plus one surge at a random origin, at
+the same relative time of every horizon (docs/torta.md, "Quick and full settings").
 """
 
 from __future__ import annotations
@@ -65,15 +66,20 @@ def system_capacity_per_slot(regions: Regions, params: TortaParams) -> float:
 
 
 def origin_weights(regions: Regions, params: TortaParams, slots: int, rng: np.random.Generator) -> np.ndarray:
-    """(slots, R) relative request intensity per origin: demand share × diurnal(local time) × surge."""
-    t_h = params.start_utc_h + np.arange(slots) * params.slot_s / 3600.0
+    """(slots, R) relative request intensity per origin: demand share × diurnal(local time) × surge.
+
+    The day runs ``diurnal_period_s`` long (24 h in the full setting, compressed with the horizon by
+    :func:`~petals_chain.torta.params.scaled`); the surge hits one random origin over ``params.surge_window()``, the
+    same slots in every episode. A horizon shorter than ``params.slots`` is the first ``slots`` of that day.
+    """
+    t_h = params.start_utc_h + np.arange(slots) * 24.0 / params.slots_per_day
     local_h = t_h[:, None] + regions.longitude_deg[None, :] / 15.0
     diurnal = 1.0 + params.diurnal_amplitude * np.sin(2 * np.pi * (local_h - 9.0) / 24.0)
     w = regions.demand_share[None, :] * diurnal
-    if params.surge_factor > 1 and params.surge_slots > 0:
+    start, end = params.surge_window()
+    if end > start:
         r = rng.choice(regions.n_regions, p=regions.demand_share)
-        start = int(rng.integers(0, max(1, slots - params.surge_slots)))
-        w[start:start + params.surge_slots, r] *= params.surge_factor
+        w[start:end, r] *= params.surge_factor
     return w
 
 

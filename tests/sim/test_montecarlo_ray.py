@@ -1,0 +1,96 @@
+"""The Ray backend of the Monte Carlo runner: a real local Ray (2 CPUs, started here) gives exactly the rows of the
+serial path and of the process pool for the same seed, shares their checkpoints both ways, and a bad address is a
+one-line error before anything runs. Ray is imported only when the backend is chosen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from petals_chain.sim.montecarlo import PoissonPolicyRun, RayBackendError, run_replications
+
+TASK = PoissonPolicyRun((2.0, 0.5), (2, 3), "SED", 2.5, 3000)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def local_ray(request: pytest.FixtureRequest):
+    """A local Ray of 2 CPUs for this module's tests, shut down after them; run_replications(ray="auto") joins it."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    request.addfinalizer(ray.shutdown)
+    return ray
+
+
+def replications_in(path: Path) -> list[int]:
+    """The replication index of every line of a checkpoint, in file order."""
+    return [json.loads(line)["r"] for line in path.read_text().splitlines()]
+
+
+def test_ray_gives_the_rows_of_the_serial_path_and_the_process_pool(local_ray) -> None:
+    serial = run_replications(TASK, 4, seed=3, workers=1, progress=False)
+    pool = run_replications(TASK, 4, seed=3, workers=2, progress=False)
+    on_ray = run_replications(TASK, 4, seed=3, progress=False, ray="auto")
+    one_at_a_time = run_replications(TASK, 4, seed=3, workers=1, progress=False, ray="auto")
+    assert on_ray == serial == pool == one_at_a_time  # bit for bit: == on every float of every row
+    assert [r["replication"] for r in on_ray] == [0, 1, 2, 3] and len({r["mean_response_s"] for r in on_ray}) == 4
+    assert local_ray.is_initialized()  # the test's session was joined, not replaced
+
+
+def test_a_checkpoint_written_by_one_backend_resumes_on_the_other(local_ray, tmp_path: Path) -> None:
+    """Each backend computes only the replications the other did not write (one checkpoint line per computed
+    replication), and the resumed rows equal an uninterrupted serial run's."""
+    full = run_replications(TASK, 4, seed=5, workers=1, progress=False)
+    pool_first = tmp_path / "pool-first.jsonl"
+    run_replications(TASK, 4, seed=5, workers=2, progress=False, checkpoint=pool_first, only=[0, 1])
+    assert replications_in(pool_first) in ([0, 1], [1, 0])
+    resumed = run_replications(TASK, 4, seed=5, progress=False, checkpoint=pool_first, ray="auto")
+    assert resumed == full and sorted(replications_in(pool_first)[2:]) == [2, 3]
+
+    ray_first = tmp_path / "ray-first.jsonl"
+    run_replications(TASK, 4, seed=5, progress=False, checkpoint=ray_first, only=[2], ray="auto")
+    assert replications_in(ray_first) == [2]
+    assert run_replications(TASK, 4, seed=5, workers=2, progress=False, checkpoint=ray_first) == full
+    assert sorted(replications_in(ray_first)[1:]) == [0, 1, 3]
+    assert run_replications(TASK, 4, seed=5, progress=False, checkpoint=ray_first, ray="auto") == full
+    assert len(replications_in(ray_first)) == 4  # everything was there: nothing computed again
+
+
+def test_a_bad_address_is_one_line_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    ckpt = tmp_path / "never.jsonl"
+    with pytest.raises(RayBackendError, match=r"^--ray 127\.0\.0\.1:1: no Ray head answers at 127\.0\.0\.1:1 \(") as e:
+        run_replications(TASK, 2, seed=1, progress=False, checkpoint=ckpt, ray="127.0.0.1:1")
+    assert "\n" not in str(e.value) and "ray start --head" in str(e.value) and not ckpt.exists()
+    with pytest.raises(RayBackendError, match=r"^--ray: expected auto or a Ray head's HOST:PORT .*, got 'headnode'$"):
+        run_replications(TASK, 2, seed=1, progress=False, ray="headnode")
+
+    from petals_chain.cli import main as petals_chain_main
+    from petals_chain.experiments.__main__ import main as experiments_main
+
+    assert experiments_main(["fig8", "--quick", "--ray", "127.0.0.1:1", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --ray 127.0.0.1:1: no Ray head answers") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
+    with pytest.raises(SystemExit) as exit_:
+        experiments_main(["fig8", "--ray", "10.0.0.1:99999"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --ray: expected auto or a Ray head's HOST:PORT" in err
+    assert petals_chain_main(["moldable", "simulate", "--n", "10", "--runs", "1", "--arrivals", "100",
+                              "--ray", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --ray 127.0.0.1:1: no Ray head answers") and err.count("\n") == 1
+
+
+def test_ray_is_imported_only_when_its_backend_is_chosen() -> None:
+    code = ("import sys; import petals_chain.sim.montecarlo, petals_chain.experiments.__main__, "
+            "petals_chain.moldable.cli; from petals_chain.sim.montecarlo import run_replications, PoissonPolicyRun; "
+            "run_replications(PoissonPolicyRun((1.0,), (1,), 'SED', 0.5, 50), 1, 0, workers=1, progress=False); "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
