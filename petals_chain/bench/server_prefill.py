@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import statistics
 import threading
 import time
@@ -55,7 +54,7 @@ def _server(config, n_blocks: int, mode: str, max_tokens: int, chunk: int | None
     from petals.server.server import RuntimeWithDeduplicatedPools
 
     from petals_chain.server.batching import BatchingConfig, BatchingRuntime, merge_batching_pools_inplace
-    from petals_chain.server.random_span import random_backends
+    from petals_chain.server.random_span import random_backends, submit_in_process
 
     backends = random_backends(config, n_blocks, seed=seed)
     if mode == "petals":
@@ -64,9 +63,7 @@ def _server(config, n_blocks: int, mode: str, max_tokens: int, chunk: int | None
     else:
         merge_batching_pools_inplace(backends, BatchingConfig(max_tokens=max_tokens, prefill_chunk_tokens=chunk))
         runtime_class = BatchingRuntime
-    for backend in backends.values():  # one process: the runtime must answer the very future it was given
-        for pool in backend.get_pools():
-            pool.submitted_tasks = queue.SimpleQueue()
+    submit_in_process(backends)
     return backends, runtime_class(backends, device=None, prefetch_batches=1)
 
 

@@ -95,6 +95,17 @@ def random_backends(config, n_blocks: int, *, seed: int = 0, dtype: torch.dtype 
     return backends
 
 
+def submit_in_process(backends: dict) -> None:
+    """Make every pool of ``backends`` take its tasks through a thread queue: with the handlers and the runtime in
+    one process (benchmarks, tests), a future set by the runtime must be the submitter's very object, which
+    hivemind's process-crossing queue would copy."""
+    import queue
+
+    for backend in backends.values():
+        for pool in backend.get_pools():
+            pool.submitted_tasks = queue.SimpleQueue()
+
+
 def allocate_session(backends: dict, batch: int, max_length: int) -> tuple[tuple[int, ...], ...]:
     """Cache handles for one session over every backend (per block, PETALS' keys and values tensors)."""
     memory_cache = next(iter(backends.values())).memory_cache

@@ -11,7 +11,6 @@ future set by the runtime is the test's own object (hivemind's MPFuture answers 
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 
@@ -22,7 +21,8 @@ from petals_chain import defaults
 from petals_chain.server.batching import (_PETALS_SHORT_STEP, BatchingConfig, BatchingInferencePool, BatchingRuntime,
                                           install_batching, merge_batching_pools_inplace,
                                           route_long_steps_to_merged_pool)
-from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
+from petals_chain.server.random_span import (TINY, allocate_session, inference_infos, llama_config, random_backends,
+                                             submit_in_process)
 
 MAX_LENGTH = 32
 N_BLOCKS = 2
@@ -34,9 +34,7 @@ def _backends(config: BatchingConfig, seed: int = 0) -> dict:
     torch.set_num_threads(1)
     backends = random_backends(llama_config(TINY), N_BLOCKS, seed=seed)
     merge_batching_pools_inplace(backends, config)
-    for backend in backends.values():  # in one process, the pools must hand back the very future they were given
-        for pool in backend.get_pools():
-            pool.submitted_tasks = queue.SimpleQueue()
+    submit_in_process(backends)
     return backends
 
 
