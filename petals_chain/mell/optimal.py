@@ -1,5 +1,5 @@
 """Exact references for one slot's packing (docs/mell.md, "Exact reference"): the bin-packing optimum by
-ILP (scipy milp / HiGHS) and the size lower bound ⌈ΣS/C⌉."""
+ILP (scipy milp / HiGHS), the size lower bound ⌈ΣS/C⌉ and first fit decreasing's count (an upper bound)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def size_lower_bound(sizes: Sequence[int], capacity: int) -> int:
     return -(-total // capacity)
 
 
+def optimum(sizes: Sequence[int], capacity: int, *, time_limit_s: float = 30.0) -> tuple[int, bool]:
+    """The fewest GPUs for ``sizes`` and whether the ILP had to prove it: where first fit decreasing already meets
+    the size bound, that is the optimum and no ILP runs; otherwise :func:`optimal_bins` solves it."""
+    if any(s <= 0 or s > capacity for s in sizes):
+        raise ValueError(f"sizes must lie in (0, capacity={capacity}]")
+    lower = size_lower_bound(sizes, capacity)
+    if first_fit_decreasing(sizes, capacity) == lower:
+        return lower, False
+    return optimal_bins(sizes, capacity, time_limit_s=time_limit_s), True
+
+
 def optimal_bins(sizes: Sequence[int], capacity: int, *, time_limit_s: float = 30.0) -> int:
     """Fewest GPUs of capacity C that hold every size: assignment ILP x[i,b], y[b] with symmetry breaking.
 
@@ -29,7 +40,7 @@ def optimal_bins(sizes: Sequence[int], capacity: int, *, time_limit_s: float = 3
     if np.any(s <= 0) or np.any(s > capacity):
         raise ValueError(f"sizes must lie in (0, capacity={capacity}]")
     n = s.size
-    first_fit = _first_fit_decreasing(list(map(int, s)), capacity)
+    first_fit = first_fit_decreasing(list(map(int, s)), capacity)
     nb = first_fit  # an upper bound on the bins needed
     nx = n * nb
     c = np.concatenate([np.zeros(nx), np.ones(nb)])
@@ -62,8 +73,8 @@ def optimal_bins(sizes: Sequence[int], capacity: int, *, time_limit_s: float = 3
     return int(round(res.fun))
 
 
-def _first_fit_decreasing(sizes: list[int], capacity: int) -> int:
-    """Bins used by first fit decreasing (an upper bound for the ILP's bin count)."""
+def first_fit_decreasing(sizes: Sequence[int], capacity: int) -> int:
+    """Bins used by first fit decreasing (an upper bound for the optimum, and the ILP's bin count)."""
     free: list[int] = []
     for x in sorted(sizes, reverse=True):
         for k, f in enumerate(free):

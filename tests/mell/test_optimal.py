@@ -9,8 +9,8 @@ import pytest
 
 from petals_chain.mell.invariants import theorem1_violations
 from petals_chain.mell.optimal import optimal_bins, size_lower_bound
+from petals_chain.mell.random_sequences import run_sequence
 from petals_chain.mell.scheduler import MellScheduler
-from tests.mell.randseq import run_sequence
 
 C = 1000
 EXCEPTIONS = 4  # the paper's constant c: one most-recent GPU per label
