@@ -137,6 +137,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "worst_ratio_opt3": worst3["gpus"] / worst3["opt"] if worst3 else float("nan"),
         "worst_ratio_opt3_at": (worst3["gpus"], worst3["opt"]) if worst3 else None,
         "worst_excess": excess["gpus"] - 4 * excess["opt"] / 3, "worst_excess_at": (excess["gpus"], excess["opt"]),
+        "worst_excess_first": f"{excess['shape']} {excess['first_at']}",
         "above_bound": sum(r["slots"] for r in exact if 3 * r["gpus"] > 4 * r["opt"] + 3 * C_EXCEPTIONS),
         "below_opt": sum(r["slots"] for r in exact if r["gpus"] < r["opt"]),
         "share_equal": diff[0] / slots, "diff": dict(sorted(diff.items())),
@@ -229,7 +230,8 @@ def _report(args, rows: list[dict[str, Any]]) -> Summary:
         f"{s['worst_ratio_at'][1]})" if s["worst_ratio_opt3_at"] else
         f"worst |A|/OPT: {s['worst_ratio']:.3f} overall; no slot with OPT ≥ 3",
         f"worst |A| − 4/3·OPT: {s['worst_excess']:.2f} (|A| = {s['worst_excess_at'][0]}, OPT = "
-        f"{s['worst_excess_at'][1]}) against c = {C_EXCEPTIONS}; slots above 4/3·OPT + c: {s['above_bound']}",
+        f"{s['worst_excess_at'][1]}; first in {s['worst_excess_first']}, as shape sequence/slot) against c = "
+        f"{C_EXCEPTIONS}; slots above 4/3·OPT + c: {s['above_bound']}",
         f"|A| = OPT in {100 * s['share_equal']:.1f} % of slots; |A| − OPT: {diff}",
         *(_shape_line(rows, n) for n in dict.fromkeys(r["shape"] for r in rows)),
         f"{s['big_slots']} slots with more than {MAX_LIVE} live requests (OPT not computed): the size bound alone "
