@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, str] = {
     "mell-fig13": "mell_fig13",
     "mell-fig14": "mell_fig14",
     "mell-fig15": "mell_fig15",
+    "mell-theorem2": "mell_theorem2",  # Theorem 2's |A| ≤ 4/3·OPT + c against the exact optimum (ILP)
     "mell-downtime": "mell_downtime",  # live: SmolLM2 swarm, KV transfer vs token replay (root for the tbf cap)
     "mell-consolidate": "mell_consolidate",  # live: Mell packs sessions on a loopback swarm vs worst fit
     "migration-jffc": "migration_jffc",  # live: JFFC with session migration on a loopback swarm (docs/migration.md)

@@ -269,6 +269,12 @@ def _mell_fig6() -> Any:
     return m.fig6_figure(m.saved_rows(RESULTS))
 
 
+def _mell_theorem2() -> Any:
+    from petals_chain.experiments import mell_theorem2 as m
+
+    return m.theorem2_figure(m.saved_rows(RESULTS))
+
+
 def _torta(keys: list[tuple[str, str]]) -> Any:
     from petals_chain.experiments import torta_common as tc
 
@@ -305,6 +311,7 @@ FIGURES: dict[str, Callable[[], Any]] = {
                                     ("Mell", "BF", "WF", "LB", "BF-p", "WF-p", "LB-p")),
     "mell_fig6.png": _mell_fig6,
     "mell_fig3.png": _mell_fig3,
+    "mell_theorem2.png": _mell_theorem2,
     "torta-fig9.png": lambda: _torta([("power_cost", "power cost"), ("switching", "switching")]),
     "torta-fig10.png": lambda: _torta([("load_balance", "load balance"), ("load_balance_horizon", "per server")]),
     "moldable_fig2.png": _moldable_fig2,

@@ -10,7 +10,7 @@ import pytest
 
 from petals_chain.mell.baselines import FitScheduler, LoadBalanceScheduler
 from petals_chain.mell.invariants import capacity_violations
-from tests.mell.randseq import run_sequence
+from petals_chain.mell.random_sequences import run_sequence
 
 C = 1000
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from petals_chain.mell.invariants import theorem1_violations
-from petals_chain.mell.optimal import optimal_bins, size_lower_bound
+from petals_chain.mell.optimal import (fits_in_bins, martello_toth_bound, optimal_bins, optimum,
+                                       size_lower_bound)
+from petals_chain.mell.random_sequences import run_sequence
 from petals_chain.mell.scheduler import MellScheduler
-from tests.mell.randseq import run_sequence
 
 C = 1000
 EXCEPTIONS = 4  # the paper's constant c: one most-recent GPU per label
@@ -36,6 +37,35 @@ def test_ilp_matches_brute_force():
         assert optimal_bins(sizes, C) == _brute(sizes, C)
 
 
+def test_search_and_bounds_match_brute_force():
+    """The exact search agrees with brute force on every count; L2 lies between the size bound and OPT."""
+    rng = np.random.default_rng(1)
+    tight = 0
+    for _ in range(40):
+        sizes = [int(s) for s in rng.integers(1, C + 1, rng.integers(1, 7))]
+        opt = _brute(sizes, C)
+        assert [fits_in_bins(sizes, C, k) for k in range(1, len(sizes) + 1)] == [k >= opt for k in
+                                                                                 range(1, len(sizes) + 1)]
+        assert size_lower_bound(sizes, C) <= martello_toth_bound(sizes, C) <= opt
+        tight += martello_toth_bound(sizes, C) > size_lower_bound(sizes, C)
+    assert tight > 0  # L2 is stronger on some instances
+    assert martello_toth_bound([600, 600, 600], C) == 3 and size_lower_bound([600, 600, 600], C) == 2
+
+
+# from a random sequence: 6 bins by size, 7 by first fit decreasing; the ILP finds no proof in 20 s, the search
+# proves 7 at once (the 50 tokens of slack cannot absorb the room that no remaining item fits)
+HARD = [60, 80, 99, 100, 104, 152, 166, 167, 241, 242, 252, 313, 372, 373, 398, 433, 553, 557, 558, 730]
+
+
+def test_optimum_falls_back_to_the_search_where_the_ilp_times_out():
+    assert not fits_in_bins(HARD, C, 6) and fits_in_bins(HARD, C, 7)
+    assert optimum(HARD, C, ilp_time_limit_s=0.01) == (7, "search")
+    assert optimum([600, 600, 400, 400], C) == (2, "bound")
+    assert optimum([500, 500, 400, 400, 200], C) == (2, "bound")
+    with pytest.raises(RuntimeError, match="nodes"):
+        fits_in_bins(HARD, C, 6, node_limit=3)
+
+
 def test_known_optima_and_size_bound():
     assert optimal_bins([600, 600, 400, 400], C) == 2
     assert optimal_bins([501, 501, 501], C) == 3
@@ -50,6 +80,8 @@ def test_bad_input():
         optimal_bins([0, 3], C)
     with pytest.raises(ValueError, match="capacity"):
         size_lower_bound([1], 0)
+    with pytest.raises(ValueError, match="sizes"):
+        optimum([C + 1], C)
 
 
 def test_mell_within_four_thirds_of_opt_plus_c():

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from petals_chain.mell.invariants import capacity_violations, theorem1_violations
+from petals_chain.mell.random_sequences import next_slot, run_sequence
 from petals_chain.mell.scheduler import PAPER_OPS, MellScheduler
-from tests.mell.randseq import _draw, run_sequence
 
 C = 1000
 PAPER_BOUND = 10
@@ -92,25 +92,6 @@ def test_without_tiny_requests_moves_per_operation_stay_small():
     assert worst <= PAPER_BOUND
 
 
-def _slot(rng: np.random.Generator, live: dict[int, list[int]], nxt: int):
-    """One busy slot drawn as in randseq: completions, growth, Poisson arrivals; returns it and the next id."""
-    deps = [r for r, (_, rem) in live.items() if rem <= 0]
-    for r in deps:
-        del live[r]
-    growth = {}
-    for r, v in live.items():
-        v[0] = min(C, v[0] + int(rng.integers(0, 20)))
-        v[1] -= 1
-        growth[r] = v[0]
-    arr = {}
-    for _ in range(rng.poisson(2.0)):
-        s = _draw(rng, C, 0.3)
-        arr[nxt] = s
-        live[nxt] = [s, int(rng.integers(1, 40))]
-        nxt += 1
-    return (arr, deps, growth), nxt
-
-
 def test_batching_never_adds_migrations_over_a_workload():
     """On 30 seeded workloads, batching (phases, deferred refills, net moves) moves no more requests in total than
     running every operation whole, in phase order or in request order (Algorithm 1); saving printed."""
@@ -136,7 +117,7 @@ def test_batching_slot_by_slot_from_the_same_state():
         rng, live, nxt = np.random.default_rng(seed), {}, 0
         s = MellScheduler(C)
         for _ in range(40):
-            ev, nxt = _slot(rng, live, nxt)
+            ev, nxt = next_slot(rng, live, nxt, C)
             plain = copy.deepcopy(s)
             plain.batching, plain.order = False, "phases"
             a, b = s.step(*ev), plain.step(*ev)
