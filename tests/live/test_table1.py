@@ -348,7 +348,12 @@ def test_short_live_replay_through_petals_and_the_proposed_scheme(tmp_path: Path
 
             plan = plan_replay(read_azure_trace(trace), capacity_per_s=cap.jobs_per_s, load=0.5, input_scale=1 / 32,
                                output_scale=1.0, max_length=setup.max_length)
-            servers = [FittedServer(s.name, s.memory_bytes, fits[s.name].tau_p_s(16, 4), fits[s.name].tau_c_s(4),
+            # A block of this tiny model computes in under a millisecond, below the relays' jitter, so the fit may
+            # put all of a server's time in its round trip (τp = 0). The runtime's own decode steps bound a job's
+            # per-block computation from below: its 3 decode steps per block take at least 3 × alone / blocks.
+            tau_p = {s.name: max(fits[s.name].tau_p_s(16, 4), 3 * alone[s.name] / setup.num_blocks)
+                     for s in tb.servers}
+            servers = [FittedServer(s.name, s.memory_bytes, tau_p[s.name], fits[s.name].tau_c_s(4),
                                     fits[s.name].inference_rps, fits[s.name].forward_rps) for s in tb.servers]
             from petals_chain.experiments.replay import prompts_for, replay
             from petals_chain.launch.swarm_procs import TestbedSwarm
