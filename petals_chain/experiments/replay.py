@@ -341,7 +341,9 @@ def check_littles_law(result: ReplayResult, tolerance: float = LITTLES_LAW_TOLER
     t = t[(t >= lo) & (t <= hi)]
     if t.size == 0:
         return LittlesLawCheck(sampled, lw, math.nan, math.nan, math.nan, tolerance)
-    arrivals = np.sort([r.arrival_s for r in ok])
+    # the monitor counts a request from its dispatch (its planned arrival plus the replay thread's lag, which a busy
+    # machine makes visible), so the witness does too
+    arrivals = np.sort([r.arrival_s + (r.dispatch_lag_s if math.isfinite(r.dispatch_lag_s) else 0.0) for r in ok])
     ends = np.sort([r.end_s for r in ok])
     in_flight = np.searchsorted(arrivals, t, side="right") - np.searchsorted(ends, t, side="right")
     held = np.diff(np.append(t, hi))
