@@ -60,5 +60,5 @@ def test_jffc_only_prints_old_and_new_at_each_size(capsys: pytest.CaptureFixture
     assert [r[0] for r in rows] == ["10", "50", "100", "1000"]
     for r in rows:  # chains, capacity, old, new, ratio, old, new, ratio: positive times, ratio = old / new
         old, new, ratio = float(r[2]), float(r[3]), float(r[4].rstrip("x"))
-        assert old > 0 and new > 0 and ratio == pytest.approx(old / new, abs=0.01)
+        assert old > 0 and new > 0 and ratio == pytest.approx(old / new, rel=0.02, abs=0.01)
     assert "LeaseManager acquire+release in-process" in out
