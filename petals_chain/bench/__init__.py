@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "sim": "petals_chain.bench.sim",
     "compose": "petals_chain.bench.compose",
     "orchestrator": "petals_chain.bench.orchestrator",
+    "orchestrator-profile": "petals_chain.bench.orchestrator_profile",
     "moldable": "petals_chain.bench.moldable",
     "mell": "petals_chain.bench.mell",
     "torta": "petals_chain.bench.torta",

@@ -8,8 +8,10 @@ latency, once per ``--persistence`` mode: off, and with ``--state-dir`` (SQLite 
 synchronous NORMAL or FULL), each mode its own orchestrator, measured in turns at each level so that
 the ratios against "off" come from the same run; then over HTTPS (a child with a self-signed
 certificate made for the run, the client trusting it; ``--no-tls`` skips it), with the TLS/plain ratios
-of the same run. Then the pure JFFC decision time (µs) with no HTTP,
-and the in-process LeaseManager round trip, show where the time goes.
+of the same run. Then the pure JFFC decision time (µs) with no HTTP at 10, 100, 1000 and ``--chains`` chains,
+the live policy beside the same rules called through numba's dispatcher as before issue 26
+(:class:`DispatcherJFFC`, kept here to time against), and the in-process LeaseManager round trip, show where the
+time goes.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import json
 import multiprocessing as mp
 import tempfile
 import time
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from petals_chain.dispatch.base import Start, check_chains
 from petals_chain.dispatch.jffc import JFFC
+from petals_chain.kernels.dispatch_rules import jffc_arrival, jffc_release, speed_order
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator.exposure import self_signed_pair
 
@@ -135,15 +141,59 @@ async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
     }
 
 
-def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.Generator) -> dict[str, float]:
-    """µs per JFFC decision (arrival or departure), best of `repeat`: with free chains, and saturated."""
+class DispatcherJFFC:
+    """JFFC's arrivals and departures as the live policy made them before issue 26: the same two rules
+    (:func:`~petals_chain.kernels.dispatch_rules.jffc_arrival`,
+    :func:`~petals_chain.kernels.dispatch_rules.jffc_release`) on five separate arrays, called through numba's
+    dispatcher. Kept only as the reference that :class:`~petals_chain.dispatch.jffc.JFFC` is timed against here
+    and checked against in its tests."""
+
+    def __init__(self, rates: Sequence[float], capacities: Sequence[int]) -> None:
+        self.rates, self.capacities = check_chains(rates, capacities)
+        self._by_rank, self._rank_of = speed_order(self.rates)
+        self._caps = np.asarray(self.capacities, dtype=np.int64)
+        self._busy = np.zeros(len(self.rates), dtype=np.int64)
+        self._free = np.arange(len(self.rates), dtype=np.int64)
+        self._nfree = len(self.rates)
+        self._queue: deque[int] = deque()
+
+    def on_arrival(self, job: int, now: float = 0.0) -> list[Start]:
+        """The fastest free chain's slot, or a place at the end of the queue."""
+        k, self._nfree = jffc_arrival(self._busy, self._caps, self._by_rank, self._free, self._nfree)
+        if k < 0:
+            self._queue.append(job)
+            return []
+        return [Start(job, k)]
+
+    def on_departure(self, job: int, chain: int, now: float = 0.0) -> list[Start]:
+        """The freed slot to the queue's head, or back to the free chains."""
+        if self._busy[chain] <= 0:
+            raise ValueError(f"JFFC: departure from chain {chain}, which has no job in service")
+        if self._queue:
+            return [Start(self._queue.popleft(), chain)]
+        self._nfree = jffc_release(self._busy, self._caps, self._rank_of, self._free, self._nfree, chain)
+        return []
+
+    def occupancy(self) -> list[int]:
+        """Jobs in service per chain."""
+        return self._busy.tolist()
+
+    def queue_length(self) -> int:
+        """Jobs waiting."""
+        return len(self._queue)
+
+
+def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.Generator,
+                     policy: Any = JFFC) -> dict[str, float]:
+    """µs per JFFC decision (arrival or departure) of ``policy`` (a class), best of `repeat`: with free chains, and
+    saturated."""
     rates = [ch.rate_per_s for ch in comp.chains]
     caps = [ch.capacity for ch in comp.chains]
     total = sum(caps)
     out: dict[str, float] = {}
     best = float("inf")
     for _ in range(repeat):  # about half the capacity busy: arrivals find a free chain
-        p = JFFC(rates, caps)
+        p = policy(rates, caps)
         for j in range(total // 2):
             p.on_arrival(-1 - j)
         t0 = time.perf_counter()
@@ -153,18 +203,38 @@ def jffc_decision_us(comp: Composition, pairs: int, repeat: int, rng: np.random.
         best = min(best, time.perf_counter() - t0)
     out["free_us"] = best / (2 * pairs) * 1e6
     best = float("inf")
-    chains = rng.integers(0, len(caps), size=pairs)
+    chains = rng.integers(0, len(caps), size=pairs).tolist()
     for _ in range(repeat):  # every slot busy: arrivals queue, departures hand the slot to the head
-        p = JFFC(rates, caps)
+        p = policy(rates, caps)
         for j in range(total):
             p.on_arrival(-1 - j)
         t0 = time.perf_counter()
         for i in range(pairs):
             p.on_arrival(i)
-            p.on_departure(i, int(chains[i]))
+            p.on_departure(i, chains[i])
         best = min(best, time.perf_counter() - t0)
     out["saturated_us"] = best / (2 * pairs) * 1e6
     return out
+
+
+def jffc_old_vs_new(sizes: Sequence[int], pairs: int, seed: int) -> list[dict[str, float]]:
+    """The live JFFC against :class:`DispatcherJFFC` (the dispatcher path it replaced), in turns at each size;
+    printed, with the old/new ratios."""
+    rows = []
+    print(f"{'chains':>7} {'capacity':>8} {'old free µs':>12} {'new free µs':>12} {'ratio':>6} "
+          f"{'old sat. µs':>12} {'new sat. µs':>12} {'ratio':>6}")
+    for n in sizes:
+        comp = synthetic_composition(n, np.random.default_rng(seed))
+        old = jffc_decision_us(comp, pairs, 5, np.random.default_rng(seed), DispatcherJFFC)
+        new = jffc_decision_us(comp, pairs, 5, np.random.default_rng(seed), JFFC)
+        row = {"chains": n, "capacity": comp.total_capacity, "old_free_us": old["free_us"],
+               "new_free_us": new["free_us"], "old_saturated_us": old["saturated_us"],
+               "new_saturated_us": new["saturated_us"]}
+        rows.append(row)
+        print(f"{n:>7} {comp.total_capacity:>8} {old['free_us']:>12.3f} {new['free_us']:>12.3f} "
+              f"{old['free_us'] / new['free_us']:>5.2f}x {old['saturated_us']:>12.3f} {new['saturated_us']:>12.3f} "
+              f"{old['saturated_us'] / new['saturated_us']:>5.2f}x", flush=True)
+    return rows
 
 
 async def _lease_manager_us(comp: Composition, pairs: int) -> float:
@@ -239,6 +309,8 @@ def run(argv: list[str] | None = None) -> int:
                         "(group commit; '-unbatched': a commit per write)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--no-tls", action="store_true", help="skip the HTTPS run")
+    p.add_argument("--jffc-only", action="store_true",
+                   help="only the JFFC decision times, old vs new at 10, 100, 1000 and --chains chains (no HTTP)")
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.pairs = min(args.requests, 200), min(args.pairs, 20_000)
@@ -246,8 +318,31 @@ def run(argv: list[str] | None = None) -> int:
         print("error: --chains, --requests and --concurrency must be >= 1")
         return 2
 
-    modes = list(dict.fromkeys(args.persistence))
     results: dict[str, Any] = {"chains": args.chains, "seed": args.seed, "http": [], "persistence": []}
+    if not args.jffc_only:
+        _http_runs(args, results)
+    sizes = sorted({10, 100, 1000, args.chains})
+    print("JFFC decision (µs per arrival or departure, no HTTP): old = the rules through numba's dispatcher "
+          "(before issue 26), new = the live policy")
+    results["jffc_old_vs_new"] = jffc_old_vs_new(sizes, args.pairs, args.seed)
+    row = next(r for r in results["jffc_old_vs_new"] if r["chains"] == args.chains)
+    results["jffc"] = {"free_us": row["new_free_us"], "saturated_us": row["new_saturated_us"]}
+    comp = synthetic_composition(args.chains, np.random.default_rng(args.seed))
+    results["lease_manager_round_trip_us"] = asyncio.run(_lease_manager_us(comp, min(args.pairs, 50_000)))
+    print(f"JFFC decision, {args.chains} chains (capacity {comp.total_capacity}): "
+          f"{results['jffc']['free_us']:.2f} µs with free chains, "
+          f"{results['jffc']['saturated_us']:.2f} µs saturated (queue hand-off)")
+    print(f"LeaseManager acquire+release in-process: {results['lease_manager_round_trip_us']:.1f} µs")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The HTTP lease+release levels per persistence mode, then over HTTPS unless --no-tls; into ``results``."""
+    modes = list(dict.fromkeys(args.persistence))
     with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
         urls, procs = _start_children(args, modes, Path(tmp))
         try:
@@ -285,17 +380,3 @@ def run(argv: list[str] | None = None) -> int:
             p99 = tls["p99_ms"] / plain["p99_ms"]
             tls["rate_vs_plain"], tls["p99_vs_plain"] = rate, p99
             print(f"{plain['concurrency']:>11} {rate:>24.2f} {p99:>14.2f}")
-
-    rng = np.random.default_rng(args.seed)
-    comp = synthetic_composition(args.chains, np.random.default_rng(args.seed))
-    results["jffc"] = jffc_decision_us(comp, args.pairs, 5, rng)
-    results["lease_manager_round_trip_us"] = asyncio.run(_lease_manager_us(comp, min(args.pairs, 50_000)))
-    print(f"JFFC decision, {args.chains} chains (capacity {comp.total_capacity}): "
-          f"{results['jffc']['free_us']:.2f} µs with free chains, "
-          f"{results['jffc']['saturated_us']:.2f} µs saturated (queue hand-off)")
-    print(f"LeaseManager acquire+release in-process: {results['lease_manager_round_trip_us']:.1f} µs")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
-    return 0

@@ -8,7 +8,17 @@ from collections.abc import Sequence
 import numpy as np
 
 from petals_chain.dispatch.base import Start, check_chains
-from petals_chain.kernels.dispatch_rules import jffc_arrival, jffc_release, speed_order
+from petals_chain.kernels.dispatch_rules import (
+    JFFC_BUSY,
+    JFFC_CAPS,
+    JFFC_FREE,
+    JFFC_NFREE,
+    JFFC_RANK_OF,
+    jffc_give,
+    jffc_state,
+    jffc_take,
+)
+from petals_chain.kernels.jit import entry
 
 
 class JFFC:
@@ -26,15 +36,13 @@ class JFFC:
 
     def __init__(self, rates: Sequence[float], capacities: Sequence[int]) -> None:
         self.rates, self.capacities = check_chains(rates, capacities)
-        self._by_rank, self._rank_of = speed_order(self.rates)
-        self._caps = np.asarray(self.capacities, dtype=np.int64)
-        self._busy = np.zeros(len(self.rates), dtype=np.int64)
-        self._free = np.arange(len(self.rates), dtype=np.int64)  # min-heap of the ranks of chains with a free slot
-        self._nfree = len(self.rates)
+        self._state = jffc_state(self.rates, self.capacities)  # busy, caps, ranks, free-rank heap, nfree (rows)
+        self._take = entry(jffc_take, self._state)
+        self._give = entry(jffc_give, self._state, 0, 0)
         self._queue: deque[int] = deque()
 
     def on_arrival(self, job: int, now: float = 0.0) -> list[Start]:
-        k, self._nfree = jffc_arrival(self._busy, self._caps, self._by_rank, self._free, self._nfree)
+        k = self._take(self._state)
         if k < 0:
             self._queue.append(job)
             return []
@@ -44,19 +52,19 @@ class JFFC:
         """A job already accepted whose chain broke comes back: the fastest free chain now, or else a place in
         the queue by job id, ahead of every job that arrived after it (a live orchestrator's failover; the
         queue is otherwise in arrival order, so FIFO still holds among the original arrivals)."""
-        if self._nfree:
+        if self._state[JFFC_NFREE, 0]:
             return self.on_arrival(job, now)
         pos = next((i for i, queued in enumerate(self._queue) if queued > job), len(self._queue))
         self._queue.insert(pos, job)
         return []
 
     def on_departure(self, job: int, chain: int, now: float = 0.0) -> list[Start]:
-        if self._busy[chain] <= 0:
+        done = self._give(self._state, chain, len(self._queue))
+        if done == 0:
+            return []
+        if done < 0:
             raise ValueError(f"JFFC: departure from chain {chain}, which has no job in service")
-        if self._queue:
-            return [Start(self._queue.popleft(), chain)]
-        self._nfree = jffc_release(self._busy, self._caps, self._rank_of, self._free, self._nfree, chain)
-        return []
+        return [Start(self._queue.popleft(), chain)]
 
     def cancel(self, job: int) -> bool:
         """Withdraw a waiting job (a client that gave up); True if it was queued."""
@@ -69,21 +77,22 @@ class JFFC:
     def occupy(self, chain: int) -> bool:
         """Take one slot of ``chain`` for a job already in service elsewhere (a lease carried over
         from an earlier composition); False, taking nothing, if the chain is full."""
-        if self._busy[chain] >= self._caps[chain]:
+        busy, caps = self._state[JFFC_BUSY], self._state[JFFC_CAPS]
+        if busy[chain] >= caps[chain]:
             return False
-        self._busy[chain] += 1
-        if self._busy[chain] == self._caps[chain]:  # no longer free: out of the heap (a sorted array is a heap)
-            ranks = self._free[: self._nfree]
-            rest = np.sort(ranks[ranks != self._rank_of[chain]])
-            self._nfree = rest.size
-            self._free[: rest.size] = rest
+        busy[chain] += 1
+        if busy[chain] == caps[chain]:  # no longer free: out of the heap (a sorted array is a heap)
+            ranks = self._state[JFFC_FREE, : self._state[JFFC_NFREE, 0]]
+            rest = np.sort(ranks[ranks != self._state[JFFC_RANK_OF, chain]])
+            self._state[JFFC_NFREE, 0] = rest.size
+            self._state[JFFC_FREE, : rest.size] = rest
         return True
 
     def queue_length(self) -> int:
         return len(self._queue)
 
     def occupancy(self) -> list[int]:
-        return self._busy.tolist()
+        return self._state[JFFC_BUSY].tolist()
 
     def queued_jobs(self) -> list[int]:
         """Waiting jobs, head first."""

@@ -1,7 +1,7 @@
 """The decision rules of the chain dispatch policies, written once as numba functions over arrays.
 
 Both users call these same functions: the policy classes of :mod:`petals_chain.dispatch` (the live
-orchestrator's JFFC and the simulator's general engine, one event at a time, through numba's dispatcher) and the
+orchestrator's JFFC and the simulator's general engine, one event at a time, from Python) and the
 chain simulator's numba kernels (:mod:`petals_chain.kernels.chain_sim`, compiled calls inside their event loops).
 What stays outside is bookkeeping that is not a decision: queues of job ids, resident lists, the departure heap
 and the clock. They sit in this low-level package, not in ``dispatch/``, because the recomposition's mean
@@ -10,7 +10,8 @@ estimate runs the JFFC kernel below ``compose/``, which ``dispatch/`` builds on.
 State, per chain k (chains indexed as given to a policy): ``busy[k]`` jobs in service, ``caps[k]`` = c_k,
 ``rates[k]`` = μ_k; ``by_rank`` lists the chains fastest first (ties by index) and ``rank_of`` inverts it;
 JFFC's chains with a free slot are the int min-heap ``free[:nfree]`` of their ranks (:mod:`.heap`); ``qlen[k]`` is the
-length of chain k's own FIFO queue (per-chain policies).
+length of chain k's own FIFO queue (per-chain policies). The live JFFC keeps these arrays as the rows of one packed
+array (:func:`jffc_state`) and calls :func:`jffc_take` / :func:`jffc_give`, which run the same two rules on its rows.
 """
 
 from __future__ import annotations
@@ -58,6 +59,47 @@ def jffc_release(busy, caps, rank_of, free, nfree, k):
         nfree = iheap_push(free, nfree, rank_of[k])
     busy[k] -= 1
     return nfree
+
+
+# The live policy's view of the same rules (:class:`~petals_chain.dispatch.jffc.JFFC`, one event per call from
+# Python): the whole state in one (6, K) int64 array, so that a call unboxes one array instead of five (the
+# arguments' unboxing, not the decision, is what a call from Python costs). Rows:
+JFFC_BUSY, JFFC_CAPS, JFFC_BY_RANK, JFFC_RANK_OF, JFFC_FREE, JFFC_NFREE = range(6)  # nfree: JFFC_NFREE's first entry
+
+
+def jffc_state(rates, caps) -> np.ndarray:
+    """The packed JFFC state over chains with these rates and capacities, every slot free."""
+    by_rank, rank_of = speed_order(rates)
+    state = np.zeros((6, by_rank.size), dtype=np.int64)
+    state[JFFC_CAPS] = caps
+    state[JFFC_BY_RANK] = by_rank
+    state[JFFC_RANK_OF] = rank_of
+    state[JFFC_FREE] = np.arange(by_rank.size)  # every rank: a sorted array is a heap
+    state[JFFC_NFREE, 0] = by_rank.size
+    return state
+
+
+@njit(cache=True)
+def jffc_take(state):
+    """:func:`jffc_arrival` on the packed state: the chain whose slot is taken, or -1 (join the queue)."""
+    k, nfree = jffc_arrival(state[JFFC_BUSY], state[JFFC_CAPS], state[JFFC_BY_RANK], state[JFFC_FREE],
+                            state[JFFC_NFREE, 0])
+    state[JFFC_NFREE, 0] = nfree
+    return k
+
+
+@njit(cache=True)
+def jffc_give(state, k, queued):
+    """A departure from chain ``k`` on the packed state: -1, changing nothing, if ``k`` is no chain or has no job in
+    service; 1 if requests are ``queued`` (the slot goes to the head: nothing to decide); else :func:`jffc_release`
+    and 0."""
+    if k < 0 or k >= state.shape[1] or state[JFFC_BUSY, k] <= 0:
+        return -1
+    if queued:
+        return 1
+    state[JFFC_NFREE, 0] = jffc_release(state[JFFC_BUSY], state[JFFC_CAPS], state[JFFC_RANK_OF], state[JFFC_FREE],
+                                        state[JFFC_NFREE, 0], k)
+    return 0
 
 
 # ---- JFFC with migration ----------------------------------------------------------------------------------------

@@ -111,3 +111,40 @@ def test_arrivals_take_the_fastest_free_chain_also_after_occupy():
             assert pol.on_departure(j, k) == []
             busy[k] -= 1
         assert pol.occupancy() == busy
+
+
+@pytest.mark.parametrize("num_chains", [1, 3, 10, 100, 1000])
+def test_the_live_entries_decide_as_the_rules_through_the_dispatcher(num_chains):
+    """Issue 26: the live JFFC (one packed state array, compiled entry points) makes the same decision as the rules
+    called through numba's dispatcher on separate arrays (the path before, kept in the benchmark as the reference),
+    on random sequences of arrivals and departures over chains with tied rates; every start, the occupancy and the
+    queue agree after every event."""
+    from petals_chain.bench.orchestrator import DispatcherJFFC
+
+    rng = np.random.default_rng(26 + num_chains)
+    rates = rng.choice([0.05, 0.1, 0.125, 0.2], num_chains)  # few distinct rates: ties go to the lower index
+    caps = rng.integers(1, 9, num_chains)
+    new, old = JFFC(rates, caps), DispatcherJFFC(rates, caps)
+    on: dict[int, int] = {}
+    load = 0.3 + 0.7 * rng.random()  # share of events that are arrivals: from draining to saturated
+    for job in range(6000):
+        if not on or rng.random() < load:
+            got, want = new.on_arrival(job), old.on_arrival(job)
+        else:
+            j = int(rng.choice(list(on)))
+            k = on.pop(j)
+            got, want = new.on_departure(j, k), old.on_departure(j, k)
+        assert got == want
+        for s in got:
+            on[s.job] = s.chain
+        assert new.occupancy() == old.occupancy() and new.queue_length() == old.queue_length()
+    assert sum(new.occupancy()) == len(on)
+
+
+def test_a_departure_from_no_chain_is_an_error_and_changes_nothing():
+    pol = JFFC([1.0, 2.0], [1, 1])
+    pol.on_arrival(0)
+    for bad in (-1, 2, 10**6):
+        with pytest.raises(ValueError, match="no job in service"):
+            pol.on_departure(0, bad)
+    assert pol.occupancy() == [0, 1] and pol.on_arrival(1)[0].chain == 0
