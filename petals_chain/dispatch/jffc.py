@@ -41,6 +41,16 @@ class JFFC:
         self._give = entry(jffc_give, self._state, 0, 0)
         self._queue: deque[int] = deque()
 
+    @property
+    def _busy(self) -> np.ndarray:
+        """Jobs in service per chain (a view of the packed state's row; subclasses read it)."""
+        return self._state[JFFC_BUSY]
+
+    @property
+    def _caps(self) -> np.ndarray:
+        """Each chain's capacity (a view of the packed state's row)."""
+        return self._state[JFFC_CAPS]
+
     def on_arrival(self, job: int, now: float = 0.0) -> list[Start]:
         k = self._take(self._state)
         if k < 0:
