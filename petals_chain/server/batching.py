@@ -52,7 +52,7 @@ BATCH_LOG_PREFIX = "batched inference step of"  # the log line of each new large
 STATS_PERIOD_S = 30.0  # how often the pool logs its histogram of sessions per step (when it changed)
 RECENT_BATCHES = 2  # a session seen in this many last batches is expected back (the window waits for it)
 PERIOD_SMOOTHING = 0.5  # weight of the newest gap between a session's steps in its estimated period
-STEP_LOG_ENV = "PETALS_CHAIN_STEP_LOG"  # a CSV path: every runtime batch appends "sessions,tokens,seconds"
+STEP_LOG_ENV = "PETALS_CHAIN_STEP_LOG"  # a CSV path: every runtime batch appends "sessions,tokens,seconds,bare_seconds"
 
 
 class StepLog:
@@ -205,7 +205,12 @@ class BatchingInferencePool(PrioritizedTaskPool):
         self._partial: dict[int, list[torch.Tensor]] = {}  # task uid → outputs of its chunks run so far
         self._batch_ids = itertools.count()  # a batch's uid (a chunked task heads several batches: not its uid)
         self.chunks_run = 0  # chunks of long steps that ran (each in a batch of its own or beside other steps)
-        self.bare_probe = BareProbe(batched_step, config.bare_probe_every) if config.bare_probe_every else None
+        # the probe's only output is the step log's bare column: without a log it would run forwards for nothing
+        self.bare_probe = BareProbe(batched_step, config.bare_probe_every) \
+            if config.bare_probe_every and self.step_log is not None else None
+        if config.bare_probe_every and self.step_log is None:
+            log.warning("--bare-probe-every %d has no step log to write to (--step-log): the probe stays off",
+                        config.bare_probe_every)
 
     # ---- loading a batch (runtime thread) -----------------------------------------------------------------------
 

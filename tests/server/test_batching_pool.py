@@ -454,3 +454,16 @@ def test_bare_probe_logs_the_bare_forward_beside_every_nth_decode_batch(tmp_path
     probed = [r.bare_seconds is not None for r in rows]
     assert probed == [False, False, True, False, True]
     assert all(r.bare_seconds > 0 for r in rows if r.bare_seconds is not None)
+
+
+def test_bare_probe_stays_off_without_a_step_log(monkeypatch) -> None:
+    """The probe writes only to the step log: with none, the pool runs no probe forwards at all."""
+    from petals_chain.server.batching import STEP_LOG_ENV
+
+    monkeypatch.delenv(STEP_LOG_ENV, raising=False)
+    backends = _backends(BatchingConfig(max_sessions=4, window_s=0.0, bare_probe_every=2))
+    try:
+        pool = next(iter(backends.values())).inference_pool
+        assert pool.step_log is None and pool.bare_probe is None
+    finally:
+        route_long_steps_to_merged_pool(False)
