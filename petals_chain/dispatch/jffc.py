@@ -87,7 +87,7 @@ class JFFC:
     def occupy(self, chain: int) -> bool:
         """Take one slot of ``chain`` for a job already in service elsewhere (a lease carried over
         from an earlier composition); False, taking nothing, if the chain is full."""
-        busy, caps = self._state[JFFC_BUSY], self._state[JFFC_CAPS]
+        busy, caps = self._busy, self._caps
         if busy[chain] >= caps[chain]:
             return False
         busy[chain] += 1
@@ -102,7 +102,7 @@ class JFFC:
         return len(self._queue)
 
     def occupancy(self) -> list[int]:
-        return self._state[JFFC_BUSY].tolist()
+        return self._busy.tolist()
 
     def queued_jobs(self) -> list[int]:
         """Waiting jobs, head first."""
