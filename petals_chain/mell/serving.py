@@ -6,6 +6,10 @@ tokens and re-prefills them when admitted again). With migration, before preempt
 waiting, one running request may move to another GPU to make room; if no single move admits the head, every
 running request is re-placed by first fit decreasing when that fits them all. The paper's serving ratio is the
 number of requests whose KV cache is held in GPU memory: we report its time average and the completions.
+
+``reserve=True`` is the other pool without migration (Fig 11's BF): a request is admitted only where its final
+size (prompt + output) fits, and holds that room from admission, so nothing ever overflows or is preempted.
+Which of the two the paper's "without migration" means decides how much migration gains (docs/mell.md).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ class ServingResult:
 
 
 def serve_fixed(workload: Workload, n_gpus: int, capacity_tokens: int, *, migrate: bool,
-                tokens_per_slot: int, slot_s: float, horizon_s: float) -> ServingResult:
+                tokens_per_slot: int, slot_s: float, horizon_s: float, reserve: bool = False) -> ServingResult:
     """Simulate N GPUs for ``horizon_s`` seconds; see the module docstring."""
+    if reserve and migrate:
+        raise ValueError("reserve=True is a pool without migration: pass migrate=False")
     if n_gpus < 1:
         raise ValueError(f"n_gpus must be >= 1, got {n_gpus}")
     if not horizon_s > 0:
@@ -101,9 +107,10 @@ def serve_fixed(workload: Workload, n_gpus: int, capacity_tokens: int, *, migrat
         completed += len(done)
         for r in list(where):
             g = min(tokens_per_slot, left[r])
-            size[r] += g
             left[r] -= g
-            used[where[r]] += g
+            if not reserve:  # a reserving pool already holds the final size
+                size[r] += g
+                used[where[r]] += g
         for g in range(n_gpus):
             while used[g] > C:
                 if migrate:
@@ -129,6 +136,8 @@ def serve_fixed(workload: Workload, n_gpus: int, capacity_tokens: int, *, migrat
                 preempt += 1
         while nxt < workload.n and arr_slot[nxt] <= t:
             size[nxt], left[nxt] = int(workload.prompt_tokens[nxt]), int(workload.output_tokens[nxt])
+            if reserve:
+                size[nxt] += left[nxt]
             queue.append(nxt)
             nxt += 1
         while queue:

@@ -76,6 +76,7 @@ class SimResult:
     max_item_moves_per_op: int = 0  # scheduler moves of one Allocate/Depart/Update (Theorem 3's count)
     copy_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # in-flight source copies
     overfull_gpu_slots: int = 0  # (GPU, slot) pairs where the scheduler's tokens plus copies exceed C
+    moves_by_kind: dict[str, int] = field(default_factory=dict)  # requests moved per operation kind, before netting
 
     @property
     def peak_gpus(self) -> int:
@@ -143,6 +144,7 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
     stall_s = 0.0
     modes = {m.value: 0 for m in Mode}
     max_op = max_item_op = 0
+    by_kind: dict[str, int] = {}
     path = machine_path(cfg.gpus_per_machine)
     t = 0
     bar = tqdm(total=workload.n, desc=f"sim {scheduler.name}", unit="req", disable=not progress, leave=False)
@@ -183,6 +185,8 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
         items += item_moves(res.moves)
         swept += sum(mv.sweep for mv in res.moves)
         swept_items += item_moves([mv for mv in res.moves if mv.sweep])
+        for o in res.ops:
+            by_kind[o.kind] = by_kind.get(o.kind, 0) + o.moves
         paper_ops = [o for o in res.ops if o.kind in PAPER_OPS]
         max_op = max(max_op, max((o.moves for o in paper_ops), default=0))
         max_item_op = max(max_item_op, max((o.item_moves for o in paper_ops), default=0))
@@ -215,7 +219,7 @@ def simulate(scheduler, workload: Workload, cfg: SimConfig, *, progress: bool = 
     window = (int(warmup_frac * last_arrival), last_arrival + 1)
     return SimResult(scheduler.name, slot_s, np.asarray(gpus), np.asarray(used), cfg.capacity_tokens, migrations,
                      raw, preempt, completed, stall_s, modes, max_op, window, items, swept, swept_items, max_item_op,
-                     np.asarray(copies_series, dtype=np.int64), overfull)
+                     np.asarray(copies_series, dtype=np.int64), overfull, by_kind)
 
 
 def _link_rate(cfg: SimConfig, link: str) -> float:

@@ -136,28 +136,62 @@ def test_llumnix_dispatch_goes_to_the_highest_freeness_not_the_most_free_room():
     assert lb._choose(200) == 0 and wf._choose(200) == 1
 
 
-def test_lb_needs_no_more_gpus_than_worst_fit_and_its_dispatch_is_why():
-    """The figures' 7B/4090 cluster, 400 Poisson requests (gap 0.5 s): reserving the final size, LB opens fewer
-    GPUs than WF at the peak and on average, and so does LB with its migration switched off (threshold −∞): the
-    gain is Llumnix's dispatch on actual freeness, not the balancing. Preempting instead (LB-p vs WF-p), LB-p
-    trades WF-p's preemptions for migrations and needs the same GPUs on average within 5 % (printed; see
-    docs/mell.md, "Baselines")."""
+@pytest.fixture(scope="module")
+def fig_cluster():
+    """The figures' 7B/4090 cluster, 400 Poisson requests (gap 0.5 s), under Mell and every baseline flavour,
+    with LB's migration switched off (threshold −∞) beside LB."""
     from petals_chain.experiments.mell_common import config, workload
+    from petals_chain.mell.scheduler import MellScheduler
     from petals_chain.mell.sim import simulate
 
     cfg = config("7b-4090")
     cap = cfg.capacity_tokens
     wl = workload("poisson-high", "7b-4090", 400, np.random.default_rng(3))
     res = {k: simulate(p, wl, cfg) for k, p in {
-        "WF": FitScheduler(cap, "worst"), "LB": LoadBalanceScheduler(cap),
-        "LB-dispatch": LoadBalanceScheduler(cap, threshold=-math.inf),
+        "Mell": MellScheduler(cap), "BF": FitScheduler(cap, "best"), "WF": FitScheduler(cap, "worst"),
+        "LB": LoadBalanceScheduler(cap), "LB-dispatch": LoadBalanceScheduler(cap, threshold=-math.inf),
         "WF-p": FitScheduler(cap, "worst", reserve=False), "LB-p": LoadBalanceScheduler(cap, reserve=False)}.items()}
     print({k: (r.peak_gpus, round(r.mean_gpus, 1), r.migrations, r.preemptions) for k, r in res.items()})
+    return res
+
+
+def test_lb_needs_no_more_gpus_than_worst_fit_and_its_dispatch_is_why(fig_cluster):
+    """Reserving the final size, LB opens fewer GPUs than WF at the peak and on average, and so does LB with its
+    migration switched off: the gain is Llumnix's dispatch on actual freeness, not the balancing. Preempting
+    instead (LB-p vs WF-p), LB-p trades WF-p's preemptions for migrations and needs the same GPUs on average
+    within 5 % (docs/mell.md, "Baselines")."""
+    res = fig_cluster
     for k in ("LB", "LB-dispatch"):
         assert res[k].peak_gpus <= res["WF"].peak_gpus and res[k].mean_gpus < res["WF"].mean_gpus, k
     assert res["LB"].migrations > 0 and res["LB-dispatch"].migrations == 0
     assert res["LB-p"].preemptions < res["WF-p"].preemptions and res["LB-p"].migrations > 0
     assert abs(res["LB-p"].mean_gpus - res["WF-p"].mean_gpus) <= 0.05 * res["WF-p"].mean_gpus
+
+
+def test_finding_lb_needs_more_gpus_than_best_fit_because_its_dispatch_spreads(fig_cluster):
+    """Fig 11's LB above BF (the paper: below both BF and WF), pinned: LB's dispatch alone, without a single
+    migration, already needs more GPUs than best fit on average and at the peak, and LB's balancing moves change
+    that by under 5 %. Dispatching to the highest freeness spreads requests over GPUs that best fit would have
+    left empty; balancing cannot take that back."""
+    res = fig_cluster
+    assert res["LB-dispatch"].mean_gpus > 1.03 * res["BF"].mean_gpus
+    assert res["LB-dispatch"].peak_gpus > res["BF"].peak_gpus
+    assert res["LB"].mean_gpus > res["BF"].mean_gpus
+    assert abs(res["LB"].mean_gpus - res["LB-dispatch"].mean_gpus) < 0.05 * res["LB-dispatch"].mean_gpus
+
+
+def test_finding_mell_moves_more_than_lb_because_it_answers_growth_and_departures(fig_cluster):
+    """Fig 12's Mell above LB (the paper: below), pinned on both sides. Mell moves on growth (a request that
+    overflows its GPU or changes class) and after departures (refilling a GPU to its packing bound): those
+    operations make at least 90 % of its moves, arrivals and the sweep the rest. LB moves only when a pair of
+    GPUs is out of balance, and reserving each request's final size leaves little imbalance: the same LB moves
+    at least twice as many requests once it preempts instead of reserving."""
+    res = fig_cluster
+    kinds = res["Mell"].moves_by_kind
+    reacting = sum(kinds.get(k, 0) for k in ("overflow", "update", "depart", "refill"))
+    assert reacting >= 0.9 * sum(kinds.values()) > 0
+    assert res["Mell"].migrations > 3 * res["LB"].migrations > 0
+    assert res["LB-p"].migrations > 2 * res["LB"].migrations
 
 
 def test_bad_input():
