@@ -204,3 +204,30 @@ def test_bad_input():
         s.step({1: 10}, [], None, {1: 5})
     with pytest.raises(ValueError, match="variant"):
         LoadBalanceScheduler(C, variant="random")
+
+
+def test_finding_reserving_baselines_are_full_of_reservations_not_tokens():
+    """Fig 14's reserving baselines at 40–53 % utilisation (the paper: ≈ 80 %), pinned: best fit that reserves
+    fills its GPUs' room with final sizes to over 80 % on average, while the tokens actually held fill little more
+    than half of it; the same arrivals under BF-p fill over 80 % with tokens."""
+    from petals_chain.experiments.mell_common import config, workload
+    from petals_chain.mell.sim import simulate
+
+    class Recording(FitScheduler):
+        def step(self, *a, **kw):
+            out = super().step(*a, **kw)
+            n = self.num_gpus()
+            self.fill.append(sum(self._reserved.values()) / (n * self.C) if n else np.nan)
+            return out
+
+    cfg = config("7b-4090")
+    wl = workload("poisson-high", "7b-4090", 400, np.random.default_rng(3))
+    bf = Recording(cfg.capacity_tokens, "best")
+    bf.fill = []
+    res = simulate(bf, wl, cfg)
+    a, b = res.window
+    reserved = float(np.nanmean(bf.fill[a:b]))
+    bfp = simulate(FitScheduler(cfg.capacity_tokens, "best", reserve=False), wl, cfg)
+    print(f"BF reserved {reserved:.2f}, BF tokens {res.utilisation:.2f}, BF-p tokens {bfp.utilisation:.2f}")
+    assert reserved > 0.8 and res.utilisation < 0.6 and reserved - res.utilisation > 0.25
+    assert bfp.utilisation > 0.8
