@@ -28,6 +28,11 @@ MAX_MEMORY_BYTES = 1e15  # a memory budget above this (1 PB) is a typo, refused 
 # absolute one) keeps the composition; a larger drift recomposes.
 RECOMPOSE_REL_TOL = 0.25
 RECOMPOSE_ABS_TOL_S = 1e-3
+# Churn (docs/orchestrator.md, "Churn"): servers that left or joined since the installed composition are repaired
+# into it at once (compose/repair.py), up to this many per event, before the full recomposition; the full one runs
+# in a worker process once the live servers are this many (below, it takes milliseconds: a thread is enough).
+REPAIR_MAX_CHANGES = 100
+COMPOSE_PROCESS_MIN_SERVERS = 200
 
 # ---- HTTP calls to the orchestrator ----------------------------------------------------------------
 DHT_JOIN_ATTEMPTS = 4  # a client joining a busy swarm retries a DHT bootstrap that no initial peer answered

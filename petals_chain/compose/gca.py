@@ -66,10 +66,13 @@ def gca(
     *,
     use_numba: bool = True,
     limit: int | None = None,
+    slots: Sequence[int] | None = None,
 ) -> tuple[Chain, ...]:
     """Greedy cache allocation over a placement: chains fastest first, each with its capacity c_k; with ``limit``
     only the first ``limit`` of them (the same chains, its rounds cut short: the default composition asks for
-    the fastest chain alone to rule out a placement before it pays for every round)."""
+    the fastest chain alone to rule out a placement before it pays for every round). ``slots`` replaces each
+    server's free cache slots M̃_j (eq. 3), e.g. by what chains kept from an earlier composition leave
+    (compose/repair.py)."""
     placement.check_for(model)
     count_all = np.asarray(placement.num_blocks, dtype=np.int64)
     idx = np.flatnonzero(count_all > 0).astype(np.int64)  # the hosting servers
@@ -81,7 +84,10 @@ def gca(
     end = first + count
     tau_c = np.array([servers[j].tau_c_s for j in hosting], dtype=np.float64)
     tau_p = np.array([servers[j].tau_p_s for j in hosting], dtype=np.float64)
-    slots = np.maximum(np.asarray(cache_slots(servers, model, placement), dtype=np.int64)[idx], 0)
+    free = cache_slots(servers, model, placement) if slots is None else slots
+    if len(free) != len(servers):
+        raise ValueError(f"gca: {len(free)} slot counts for {len(servers)} servers")
+    slots = np.maximum(np.asarray(free, dtype=np.int64)[idx], 0)
     # Each round exhausts at least one (server, predecessor-position) edge, so this bounds the rounds.
     max_chains = int(count.sum()) + 1
     if limit is not None:

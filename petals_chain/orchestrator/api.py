@@ -501,6 +501,7 @@ def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Cred
             app[VERIFIER_KEY].cancel()
         orch.leases.journal = None  # with --state-dir the stored queue outlives this shutdown; clients retry
         orch.leases.fail_waiters()
+        orch.close()
 
     app.on_startup.append(start_sweeper)
     app.on_shutdown.append(stop_sweeper)

@@ -19,6 +19,7 @@ from typing import Any
 
 from petals_chain import defaults
 from petals_chain.model import ServerSpec, SpecError
+from petals_chain.orchestrator.compose_runner import COMPOSE_IN
 from petals_chain.orchestrator.migration import MIGRATION_POLICIES
 
 
@@ -41,6 +42,11 @@ class OrchestratorConfig:
     """Offer a chain only once every server on it reports (by heartbeat) that it serves its span."""
     migration: str = "none"
     """How JFFC leases move running sessions between chains (:data:`MIGRATION_POLICIES`)."""
+    repair: bool = True
+    """Repair the installed composition at once when servers leave or join (compose/repair.py), before the full
+    recomposition lands."""
+    compose_in: str = "auto"
+    """Where a full recomposition runs: ``thread``, ``process`` or ``auto`` (a worker process for a large swarm)."""
     pinned: Mapping[str, ServerSpec] = field(default_factory=dict)
     """Servers whose tau_p/tau_c (and serial fraction) stay as planned whatever they report, by name."""
     model_source: Mapping[str, Any] | None = None
@@ -63,6 +69,10 @@ class OrchestratorConfig:
             raise bad("max_waiting", "an integer >= 0")
         if not isinstance(self.offer_when_serving, bool):
             raise bad("offer_when_serving", "true or false")
+        if not isinstance(self.repair, bool):
+            raise bad("repair", "true or false")
+        if self.compose_in not in COMPOSE_IN:
+            raise bad("compose_in", f"one of {', '.join(COMPOSE_IN)}")
         if self.migration not in MIGRATION_POLICIES:
             raise bad("migration", f"one of {', '.join(MIGRATION_POLICIES)}")
         if not all(isinstance(k, str) and isinstance(v, ServerSpec) for k, v in dict(self.pinned).items()):

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from petals_chain import defaults
-from petals_chain.model import Composition, ServerSpec
+from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
+from petals_chain.compose.repair import add_server, drop_server
+from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.drain import drain_server
@@ -80,6 +82,9 @@ class Orchestrator:
         self.clock = clock
         self.started_s = clock()
         self.recompositions = 0
+        self.repairs = 0  # compositions repaired after servers left or joined (counted in recompositions too)
+        self.last_repair_s = math.nan  # how long the last repair took, installing included
+        self.composer = ComposeRunner(self.config.compose_in)
         self.http_errors: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._applied_generation = -1
@@ -132,19 +137,51 @@ class Orchestrator:
     async def recompose(self) -> None:
         """Recompose off the event loop until the composition reflects the latest registry state.
 
-        Concurrent callers share the work; a result computed from a registry that changed
+        Servers that left or joined are first repaired into the installed composition, at once and on the loop
+        (:meth:`repair`). Concurrent callers share the full work; a result computed from a registry that changed
         meanwhile is thrown away and recomputed, so a dead server is never put back.
         """
+        self.repair()
         async with self._lock:
-            loop = asyncio.get_running_loop()
             while self._applied_generation < self.registry.generation:
                 gen, specs = self.registry.snapshot()
-                comp, err = await loop.run_in_executor(None, self.composition_policy.try_compose, specs,
-                                                       self.registry.model)
+                comp, err = await self.composer.compose(self.composition_policy, specs, self.registry.model)
                 if self.registry.generation != gen:
                     continue
                 self._applied_generation = gen
                 self.install(comp, err)
+
+    def repair(self) -> bool:
+        """Install the composition repaired for the servers that left or joined since it was computed (each chain
+        that misses a dead server kept with its leases; compose/repair.py); False if nothing to repair, repair off,
+        no composition yet, or more changes than ``defaults.REPAIR_MAX_CHANGES`` (the full recomposition then does
+        it all)."""
+        comp = self.registry.composition
+        if not self.config.repair or comp is None:
+            return False
+        t0 = time.perf_counter()
+        live = {s.name: s for s in self.registry.snapshot()[1]}
+        placed = {s.name for s in comp.servers}
+        gone = [s.name for s in comp.servers if s.name not in live]
+        new = [s for name, s in live.items() if name not in placed]
+        if not (gone or new) or len(gone) + len(new) > defaults.REPAIR_MAX_CHANGES:
+            return False
+        try:
+            for name in gone:
+                comp = drop_server(comp, name)
+            for spec in new:
+                comp = add_server(comp, spec)
+        except (SpecError, ValueError) as exc:  # e.g. the model no longer fits: the full recomposition says why
+            log.warning("repair for %d gone and %d new servers failed: %s", len(gone), len(new), exc)
+            return False
+        self.install(comp)
+        self.repairs += 1
+        self.last_repair_s = time.perf_counter() - t0
+        return True
+
+    def close(self) -> None:
+        """Release what the orchestrator started outside the event loop (the composer's worker process)."""
+        self.composer.close()
 
     def _ready(self, chain: ChainInfo) -> bool:
         """Every server of the chain is alive (and, with offer_when_serving, serves its span there)."""

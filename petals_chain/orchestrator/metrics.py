@@ -152,6 +152,8 @@ class OrchestratorCollector(Collector):
             ("lease_waits_cancelled", "Waiting requests whose client disconnected.", cnt.cancelled),
             ("lease_waits_timed_out", "Waiting requests that hit their timeout.", cnt.timed_out),
             ("recompositions", "Compositions installed.", orch.recompositions),
+            ("repairs", "Compositions repaired at once after servers left or joined (among those installed).",
+             orch.repairs),
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)

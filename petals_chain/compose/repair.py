@@ -1,0 +1,112 @@
+"""Repairing a composition after one server leaves or joins, in milliseconds, while the full recomposition runs in
+the background (docs/orchestrator.md, "Churn").
+
+The default composition searches c and the chains together and takes about half a second at J = 1000; a swarm
+whose servers come and go cannot wait that long to stop offering a dead chain or to put a newcomer to work. A
+repair changes only what the event touches:
+
+- **A leave** keeps every chain that does not pass through the server, with its slots and its hops, so the leases on
+  those chains carry over untouched. The server's span goes to idle servers (ones the composition gave no blocks),
+  fastest per block first, each taking as many of its blocks as it holds at the composition's c, as GBP-CR builds
+  a chain, so that they start loading at once (none if the idle servers cannot cover it all). GCA then
+  routes over the cache slots the kept chains leave free, on every server that holds blocks: replacement chains
+  from the spare capacity of the dead chains' other servers.
+- **A join** gives the newcomer m_j(c) blocks over the thinnest window of the pipeline (the blocks that the fewest
+  servers hold), and GCA routes over the slots left, as for a leave.
+
+Neither changes c or the blocks of a server already placed: only the full recomposition that follows may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from petals_chain.compose.capacity import blocks_for_capacity, cache_slots
+from petals_chain.compose.gca import gca
+from petals_chain.compose.serial import any_serial, cap_chains
+from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec, SpecError
+
+
+def residual_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: Placement,
+                   chains: Sequence[Chain]) -> list[int]:
+    """Each server's cache slots M̃_j (eq. 3) less what ``chains`` hold on it (blocks × capacity per hop)."""
+    free = cache_slots(servers, model, placement)
+    for ch in chains:
+        for j, m in zip(ch.servers, ch.blocks):
+            free[j] -= m * ch.capacity
+    return free
+
+
+def drop_server(comp: Composition, name: str) -> Composition:
+    """``comp`` without server ``name`` (see the module docstring); SpecError if it names no server of ``comp``."""
+    names = [s.name for s in comp.servers]
+    if name not in names:
+        raise SpecError(f"repair: server {name!r} is not in the composition")
+    d = names.index(name)
+    servers = comp.servers[:d] + comp.servers[d + 1:]
+
+    def remap(j: int) -> int:
+        return j if j < d else j - 1
+
+    kept = [replace(ch, servers=tuple(remap(j) for j in ch.servers)) for ch in comp.chains if d not in ch.servers]
+    first = [a for j, a in enumerate(comp.placement.first_block) if j != d]
+    count = [m for j, m in enumerate(comp.placement.num_blocks) if j != d]
+    heirs = _heirs(servers, comp.model, count, comp.placement.first_block[d], comp.placement.num_blocks[d], comp.c)
+    for j, a, m in heirs:
+        first[j], count[j] = a, m
+    meta = {"repair": "leave", "server": name, "heirs": tuple(servers[j].name for j, _, _ in heirs)}
+    return _route(servers, comp.model, first, count, kept, comp.c, meta)
+
+
+def add_server(comp: Composition, spec: ServerSpec) -> Composition:
+    """``comp`` with ``spec`` added (see the module docstring); SpecError if a server of that name is in it."""
+    if any(s.name == spec.name for s in comp.servers):
+        raise SpecError(f"repair: server {spec.name!r} is already in the composition")
+    servers = comp.servers + (spec,)
+    L = comp.model.num_blocks
+    m = blocks_for_capacity(spec, comp.model, max(comp.c, 1))
+    first, count = list(comp.placement.first_block) + [0], list(comp.placement.num_blocks) + [0]
+    if m > 0:
+        cover = np.zeros(L + 1, dtype=np.int64)  # servers holding each block, by a difference array
+        for a, k in zip(comp.placement.first_block, comp.placement.num_blocks):
+            if k > 0:
+                cover[a - 1] += 1
+                cover[a - 1 + k] -= 1
+        held = np.cumsum(cover)[:L]
+        sums = np.convolve(held, np.ones(m, dtype=np.int64), mode="valid")  # servers over each window of m blocks
+        first[-1], count[-1] = int(np.argmin(sums)) + 1, m
+    meta = {"repair": "join", "server": spec.name, "heirs": ()}
+    return _route(servers, comp.model, first, count, list(comp.chains), comp.c, meta)
+
+
+def _heirs(servers: Sequence[ServerSpec], model: ModelSpec, count: Sequence[int], a: int, m: int,
+           c: int) -> list[tuple[int, int, int]]:
+    """Idle servers (no blocks) covering blocks a .. a+m-1 end to end, fastest per block first, each with what it
+    holds at concurrency c: [(server, first block, blocks)], or [] if they cannot cover the span."""
+    if m <= 0:
+        return []
+    idle = [(j, min(blocks_for_capacity(s, model, max(c, 1)), m)) for j, s in enumerate(servers) if count[j] == 0]
+    idle = [(j, k) for j, k in idle if k > 0]
+    idle.sort(key=lambda jk: ((servers[jk[0]].tau_c_s + servers[jk[0]].tau_p_s * jk[1]) / jk[1], jk[0]))
+    out, pos, end = [], a, a + m
+    for j, k in idle:
+        take = min(k, end - pos)
+        out.append((j, pos, take))
+        pos += take
+        if pos == end:
+            return out
+    return []
+
+
+def _route(servers: tuple[ServerSpec, ...], model: ModelSpec, first: list[int], count: list[int],
+           kept: list[Chain], c: int, meta: dict) -> Composition:
+    """The kept chains plus GCA's over the slots they leave, fastest first (the order JFFC indexes)."""
+    placement = Placement(tuple(first), tuple(count))
+    new = gca(servers, model, placement, slots=residual_slots(servers, model, placement, kept))
+    if new and any_serial(servers):
+        new = cap_chains(new, servers)
+    chains = tuple(sorted([*kept, *new], key=lambda ch: ch.service_time_s))
+    return Composition(servers, model, placement, chains, c, meta)
