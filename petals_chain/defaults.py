@@ -32,6 +32,9 @@ RECOMPOSE_ABS_TOL_S = 1e-3
 # into it at once (compose/repair.py), up to this many per event, before the full recomposition; the full one runs
 # in a worker process once the live servers are this many (below, it takes milliseconds: a thread is enough).
 REPAIR_MAX_CHANGES = 100
+# A full recomposition replaces a repaired composition only if its Theorem 3.7 lower bound on the mean response is
+# this much lower (or the repaired one is unstable): every replacement may send dozens of servers loading blocks.
+REPAIR_KEEP_MARGIN = 0.10
 COMPOSE_PROCESS_MIN_SERVERS = 200
 
 # ---- HTTP calls to the orchestrator ----------------------------------------------------------------

@@ -49,7 +49,19 @@ def run(argv: list[str] | None = None) -> int:
                    help="time the default composition (c and chains chosen together) only up to this J")
     p.add_argument("--old-max-j", type=int, default=1000,
                    help="time the default's exhaustive search (as it first searched) only up to this J")
+    p.add_argument("--churn", type=int, default=0, metavar="EVENTS",
+                   help="instead: EVENTS joins and leaves through the orchestrator's code (bench/compose_churn.py)")
+    p.add_argument("--churn-j", type=int, default=1000, help="servers in the churn scenario's swarm")
+    p.add_argument("--mean-uptime-s", type=float, default=3600.0,
+                   help="a volunteer server's mean time in the swarm, for the churn scenario's event rate")
     args = p.parse_args(argv)
+    if args.churn < 0 or args.churn_j < 2 or not args.mean_uptime_s > 0:
+        print("error: --churn must be >= 0, --churn-j >= 2 and --mean-uptime-s > 0")
+        return 2
+    if args.churn:
+        from petals_chain.bench.compose_churn import churn
+
+        return churn(args)
     rng = np.random.default_rng(args.seed)
     warm = bench_servers(20, args.eta, rng)
     gca(warm, BLOOM, gbp_cr(warm, BLOOM, args.c, 0.2))  # compile the numba kernels outside the timings

@@ -14,7 +14,9 @@ repair changes only what the event touches:
 - **A join** gives the newcomer m_j(c) blocks over the thinnest window of the pipeline (the blocks that the fewest
   servers hold), and GCA routes over the slots left, as for a leave.
 
-Neither changes c or the blocks of a server already placed: only the full recomposition that follows may.
+Neither changes c or the blocks of a server already placed: only the full recomposition that follows may, and it
+replaces a repaired composition only where :func:`worth_replacing` says so, since each replacement can send dozens
+of servers loading new blocks (`python -m petals_chain.bench compose --churn N` counts them).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from dataclasses import replace
 
 import numpy as np
 
+from petals_chain import defaults
+from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.compose.capacity import blocks_for_capacity, cache_slots
 from petals_chain.compose.gca import gca
-from petals_chain.compose.serial import any_serial, cap_chains
+from petals_chain.compose.serial import any_serial, bound_rates, cap_chains
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec, SpecError
 
 
@@ -80,6 +84,22 @@ def add_server(comp: Composition, spec: ServerSpec) -> Composition:
         first[-1], count[-1] = int(np.argmin(sums)) + 1, m
     meta = {"repair": "join", "server": spec.name, "heirs": ()}
     return _route(servers, comp.model, first, count, list(comp.chains), comp.c, meta)
+
+
+def worth_replacing(current: Composition, candidate: Composition, arrival_rate: float,
+                    margin: float = defaults.REPAIR_KEEP_MARGIN) -> bool:
+    """Whether ``candidate`` (a full recomposition) should replace ``current`` (a repaired one): the servers
+    differ (a figure moved, or one came or went that the repair does not hold), its Theorem 3.7 lower bound on the
+    mean response is below (1 − margin) × current's, or current has no stable chains. The bound, not the simulated
+    estimate: it is exact to compute in microseconds, and both sides get the same one."""
+    if sorted(current.servers, key=lambda s: s.name) != sorted(candidate.servers, key=lambda s: s.name):
+        return True
+
+    def lower(comp: Composition) -> float:
+        return theorem37_bounds(*bound_rates(comp.chains), arrival_rate).lower_s if comp.chains else np.inf
+
+    now = lower(current)
+    return not np.isfinite(now) or lower(candidate) < (1 - margin) * now
 
 
 def _heirs(servers: Sequence[ServerSpec], model: ModelSpec, count: Sequence[int], a: int, m: int,

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
-from petals_chain.compose.repair import add_server, drop_server
+from petals_chain.compose.repair import add_server, drop_server, worth_replacing
 from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
@@ -84,6 +84,7 @@ class Orchestrator:
         self.recompositions = 0
         self.repairs = 0  # compositions repaired after servers left or joined (counted in recompositions too)
         self.last_repair_s = math.nan  # how long the last repair took, installing included
+        self.repairs_kept = 0  # full recompositions not installed: the repaired one was within the margin
         self.composer = ComposeRunner(self.config.compose_in)
         self.http_errors: dict[int, int] = {}
         self._lock = asyncio.Lock()
@@ -139,7 +140,8 @@ class Orchestrator:
 
         Servers that left or joined are first repaired into the installed composition, at once and on the loop
         (:meth:`repair`). Concurrent callers share the full work; a result computed from a registry that changed
-        meanwhile is thrown away and recomputed, so a dead server is never put back.
+        meanwhile is thrown away and recomputed, so a dead server is never put back. A full result replaces a
+        repaired composition only where compose/repair.py's ``worth_replacing`` says it gains enough.
         """
         self.repair()
         async with self._lock:
@@ -149,6 +151,11 @@ class Orchestrator:
                 if self.registry.generation != gen:
                     continue
                 self._applied_generation = gen
+                current = self.registry.composition
+                if (comp is not None and current is not None and current.meta.get("repair")
+                        and not worth_replacing(current, comp, self.composition_policy.arrival_rate)):
+                    self.repairs_kept += 1  # the repaired chains stay: no server is sent loading for little gain
+                    continue
                 self.install(comp, err)
 
     def repair(self) -> bool:

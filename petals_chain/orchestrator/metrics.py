@@ -154,6 +154,8 @@ class OrchestratorCollector(Collector):
             ("recompositions", "Compositions installed.", orch.recompositions),
             ("repairs", "Compositions repaired at once after servers left or joined (among those installed).",
              orch.repairs),
+            ("repairs_kept", "Full recompositions not installed because the repaired composition was within the "
+             "margin.", orch.repairs_kept),
         )
         for name, doc, value in counters:
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)

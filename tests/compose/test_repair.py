@@ -8,7 +8,7 @@ import pytest
 from petals_chain.bench.compose import BLOOM, bench_servers
 from petals_chain.compose.capacity import blocks_for_capacity
 from petals_chain.compose.joint import joint_compose
-from petals_chain.compose.repair import add_server, drop_server, residual_slots
+from petals_chain.compose.repair import add_server, drop_server, residual_slots, worth_replacing
 from petals_chain.model import Composition, ServerSpec, SpecError
 
 
@@ -92,3 +92,20 @@ def test_bad_input_is_refused_by_name(composed):
         drop_server(composed, "nobody")
     with pytest.raises(SpecError, match="already in the composition"):
         add_server(composed, composed.servers[0])
+
+
+def test_a_full_recomposition_replaces_a_repair_only_where_it_gains_enough(composed):
+    """Same servers and chains: kept. A server's figures moved: replaced. The candidate's lower bound 10 % under
+    the repair's: replaced; a repair without chains: replaced."""
+    import dataclasses
+
+    lam = 0.01 * len(composed.servers)
+    name = composed.servers[composed.chains[0].servers[0]].name
+    rep = drop_server(composed, name)
+    assert not worth_replacing(rep, rep, lam)
+    slower = dataclasses.replace(rep.servers[0], tau_p_s=2 * rep.servers[0].tau_p_s)
+    assert worth_replacing(rep, dataclasses.replace(rep, servers=(slower, *rep.servers[1:])), lam)
+    faster = dataclasses.replace(rep, chains=tuple(dataclasses.replace(ch, service_time_s=0.5 * ch.service_time_s)
+                                                   for ch in rep.chains))
+    assert worth_replacing(rep, faster, lam) and not worth_replacing(faster, rep, lam)
+    assert worth_replacing(dataclasses.replace(rep, chains=()), rep, lam)

@@ -11,6 +11,7 @@ import pytest
 
 from petals_chain.bench.compose import BLOOM, bench_servers
 from petals_chain.compose.method_table import proposed_composition
+from petals_chain.compose.repair import worth_replacing
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
@@ -52,8 +53,12 @@ def test_a_dead_server_is_repaired_out_at_once_and_the_other_leases_keep_their_c
         assert all(lease.chain_index is not None for lease in kept)  # untouched chains carried their leases
         assert orch.last_repair_s < 1.0
         assert not orch.repair()  # nothing left to repair
-        await orch.recompose()  # the full recomposition follows, without the dead server
-        assert orch.registry.composition.meta.get("repair") is None
+        repaired = orch.registry.composition
+        _, specs = orch.registry.snapshot()
+        full, _ = POLICY.try_compose(specs, BLOOM)
+        await orch.recompose()  # the full recomposition follows; it replaces the repair only if it gains enough
+        replaced = worth_replacing(repaired, full, POLICY.arrival_rate)
+        assert (orch.registry.composition is not repaired) == replaced and orch.repairs_kept == (not replaced)
         assert victim not in {s.name for s in orch.registry.composition.servers}
 
     asyncio.run(run())
