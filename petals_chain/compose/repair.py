@@ -44,46 +44,60 @@ def residual_slots(servers: Sequence[ServerSpec], model: ModelSpec, placement: P
     return free
 
 
-def drop_server(comp: Composition, name: str) -> Composition:
-    """``comp`` without server ``name`` (see the module docstring); SpecError if it names no server of ``comp``."""
+def repair(comp: Composition, gone: Sequence[str] = (), new: Sequence[ServerSpec] = ()) -> Composition:
+    """``comp`` without the servers named in ``gone`` and with the servers ``new`` (see the module docstring), in one
+    pass: one GCA however many changed. SpecError for a name not in ``comp``, a newcomer's name already in it, or a
+    name given twice."""
     names = [s.name for s in comp.servers]
-    if name not in names:
-        raise SpecError(f"repair: server {name!r} is not in the composition")
-    d = names.index(name)
-    servers = comp.servers[:d] + comp.servers[d + 1:]
-
-    def remap(j: int) -> int:
-        return j if j < d else j - 1
-
-    kept = [replace(ch, servers=tuple(remap(j) for j in ch.servers)) for ch in comp.chains if d not in ch.servers]
-    first = [a for j, a in enumerate(comp.placement.first_block) if j != d]
-    count = [m for j, m in enumerate(comp.placement.num_blocks) if j != d]
-    heirs = _heirs(servers, comp.model, count, comp.placement.first_block[d], comp.placement.num_blocks[d], comp.c)
-    for j, a, m in heirs:
-        first[j], count[j] = a, m
-    meta = {"repair": "leave", "server": name, "heirs": tuple(servers[j].name for j, _, _ in heirs)}
-    return _route(servers, comp.model, first, count, kept, comp.c, meta)
-
-
-def add_server(comp: Composition, spec: ServerSpec) -> Composition:
-    """``comp`` with ``spec`` added (see the module docstring); SpecError if a server of that name is in it."""
-    if any(s.name == spec.name for s in comp.servers):
-        raise SpecError(f"repair: server {spec.name!r} is already in the composition")
-    servers = comp.servers + (spec,)
+    index = {n: j for j, n in enumerate(names)}
+    if len(set(gone)) != len(gone) or len({s.name for s in new}) != len(new):
+        raise SpecError("repair: a server is named twice")
+    missing = [n for n in gone if n not in index]
+    if missing:
+        raise SpecError(f"repair: server {missing[0]!r} is not in the composition")
+    dup = [s.name for s in new if s.name in index]
+    if dup:
+        raise SpecError(f"repair: server {dup[0]!r} is already in the composition")
+    dead = {index[n] for n in gone}
+    keep = [j for j in range(len(names)) if j not in dead]
+    remap = {j: i for i, j in enumerate(keep)}
+    servers = tuple(comp.servers[j] for j in keep) + tuple(new)
+    kept = [replace(ch, servers=tuple(remap[j] for j in ch.servers)) for ch in comp.chains
+            if not dead.intersection(ch.servers)]
+    first = [comp.placement.first_block[j] for j in keep] + [0] * len(new)
+    count = [comp.placement.num_blocks[j] for j in keep] + [0] * len(new)
+    heirs: list[str] = []
+    for d in sorted(dead):
+        for j, a, m in _heirs(servers[:len(keep)], comp.model, count, comp.placement.first_block[d],
+                              comp.placement.num_blocks[d], comp.c):
+            first[j], count[j] = a, m
+            heirs.append(servers[j].name)
     L = comp.model.num_blocks
-    m = blocks_for_capacity(spec, comp.model, max(comp.c, 1))
-    first, count = list(comp.placement.first_block) + [0], list(comp.placement.num_blocks) + [0]
-    if m > 0:
+    for i, spec in enumerate(new):
+        m = blocks_for_capacity(spec, comp.model, max(comp.c, 1))
+        if m <= 0:
+            continue
         cover = np.zeros(L + 1, dtype=np.int64)  # servers holding each block, by a difference array
-        for a, k in zip(comp.placement.first_block, comp.placement.num_blocks):
+        for a, k in zip(first, count):
             if k > 0:
                 cover[a - 1] += 1
                 cover[a - 1 + k] -= 1
         held = np.cumsum(cover)[:L]
         sums = np.convolve(held, np.ones(m, dtype=np.int64), mode="valid")  # servers over each window of m blocks
-        first[-1], count[-1] = int(np.argmin(sums)) + 1, m
-    meta = {"repair": "join", "server": spec.name, "heirs": ()}
-    return _route(servers, comp.model, first, count, list(comp.chains), comp.c, meta)
+        first[len(keep) + i], count[len(keep) + i] = int(np.argmin(sums)) + 1, m
+    kind = "leave" if gone and not new else "join" if new and not gone else "churn"
+    meta = {"repair": kind, "gone": tuple(gone), "new": tuple(s.name for s in new), "heirs": tuple(heirs)}
+    return _route(servers, comp.model, first, count, kept, comp.c, meta)
+
+
+def drop_server(comp: Composition, name: str) -> Composition:
+    """``comp`` without server ``name`` (:func:`repair`)."""
+    return repair(comp, gone=(name,))
+
+
+def add_server(comp: Composition, spec: ServerSpec) -> Composition:
+    """``comp`` with ``spec`` added (:func:`repair`)."""
+    return repair(comp, new=(spec,))
 
 
 def worth_replacing(current: Composition, candidate: Composition, arrival_rate: float,

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
-from petals_chain.compose.repair import add_server, drop_server, worth_replacing
+from petals_chain.compose.repair import repair as repaired, worth_replacing
 from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
@@ -174,10 +174,7 @@ class Orchestrator:
         if not (gone or new) or len(gone) + len(new) > defaults.REPAIR_MAX_CHANGES:
             return False
         try:
-            for name in gone:
-                comp = drop_server(comp, name)
-            for spec in new:
-                comp = add_server(comp, spec)
+            comp = repaired(comp, gone, new)
         except (SpecError, ValueError) as exc:  # e.g. the model no longer fits: the full recomposition says why
             log.warning("repair for %d gone and %d new servers failed: %s", len(gone), len(new), exc)
             return False

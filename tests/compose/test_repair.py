@@ -109,3 +109,21 @@ def test_a_full_recomposition_replaces_a_repair_only_where_it_gains_enough(compo
                                                    for ch in rep.chains))
     assert worth_replacing(rep, faster, lam) and not worth_replacing(faster, rep, lam)
     assert worth_replacing(dataclasses.replace(rep, chains=()), rep, lam)
+
+
+def test_many_changes_in_one_pass(composed):
+    """A burst: three chain servers and one idle server gone, two newcomers, in one repair; untouched chains kept."""
+    on_chain = sorted({j for ch in composed.chains for j in ch.servers})
+    idle = [j for j in range(len(composed.servers)) if composed.placement.num_blocks[j] == 0]
+    gone = [composed.servers[j].name for j in (on_chain[0], on_chain[1], on_chain[-1], idle[-1])]
+    proto = composed.servers[0]
+    new = [ServerSpec(f"new{i}", proto.memory_bytes, proto.tau_c_s, proto.tau_p_s) for i in range(2)]
+    from petals_chain.compose.repair import repair
+
+    rep = repair(composed, gone, new)
+    _valid(rep)
+    assert {s.name for s in rep.servers} == {s.name for s in composed.servers} - set(gone) | {"new0", "new1"}
+    assert {c for c in _named(composed) if not set(gone) & set(c[0])} <= _named(rep)
+    assert rep.meta["repair"] == "churn" and set(rep.meta["gone"]) == set(gone)
+    with pytest.raises(SpecError, match="named twice"):
+        repair(composed, [gone[0], gone[0]])
