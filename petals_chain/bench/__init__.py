@@ -13,6 +13,7 @@ from collections.abc import Callable
 SUBCOMMANDS: dict[str, str] = {
     "sim": "petals_chain.bench.sim",
     "compose": "petals_chain.bench.compose",
+    "swarm": "petals_chain.bench.swarm",
     "orchestrator": "petals_chain.bench.orchestrator",
     "orchestrator-profile": "petals_chain.bench.orchestrator_profile",
     "moldable": "petals_chain.bench.moldable",

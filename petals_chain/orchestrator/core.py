@@ -86,6 +86,7 @@ class Orchestrator:
         self.last_repair_s = math.nan  # how long the last repair took, installing included
         self.repairs_kept = 0  # full recompositions not installed: the repaired one was within the margin
         self.composer = ComposeRunner(self.config.compose_in)
+        self._background: set[asyncio.Task] = set()  # recompositions nobody waits for (after a failure report)
         self.http_errors: dict[int, int] = {}
         self._lock = asyncio.Lock()
         self._applied_generation = -1
@@ -155,6 +156,7 @@ class Orchestrator:
                 if (comp is not None and current is not None and current.meta.get("repair")
                         and not worth_replacing(current, comp, self.composition_policy.arrival_rate)):
                     self.repairs_kept += 1  # the repaired chains stay: no server is sent loading for little gain
+                    self.registry.assign_unplaced()
                     continue
                 self.install(comp, err)
 
@@ -184,7 +186,10 @@ class Orchestrator:
         return True
 
     def close(self) -> None:
-        """Release what the orchestrator started outside the event loop (the composer's worker process)."""
+        """Release what the orchestrator started outside the event loop (the composer's worker process) and cancel
+        the recompositions still running in the background."""
+        for task in self._background:
+            task.cancel()
         self.composer.close()
 
     def _ready(self, chain: ChainInfo) -> bool:
@@ -271,11 +276,28 @@ class Orchestrator:
             self._offer()  # it may have finished (or started) loading its span
         return rec
 
-    async def server_failed(self, name: str, reason: str) -> None:
-        """Mark a server dead, stop offering its chains, and recompose without it."""
+    async def server_failed(self, name: str, reason: str, *, wait: bool = True) -> None:
+        """Mark a server dead, stop offering its chains, and recompose without it; with ``wait=False`` only the
+        repair happens before returning and the full recomposition runs in the background."""
         if self.registry.mark_dead(name, reason):
             self._offer()  # stop offering its chains at once, before the recomposition lands
-            await self.recompose()
+            if wait:
+                await self.recompose()
+            else:
+                self.recompose_in_background()
+
+    def recompose_in_background(self) -> None:
+        """Repair now (:meth:`repair`), and run :meth:`recompose` as a task that nobody waits for (its failure is
+        logged)."""
+        self.repair()
+        task = asyncio.create_task(self.recompose())
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background recomposition failed", exc_info=task.exception())
 
     async def drain(self, name: str, *, wait_s: float = 0.0,
                     timeout_s: float = DRAIN_TIMEOUT_S) -> dict[str, Any]:
@@ -288,14 +310,16 @@ class Orchestrator:
         self, lease_id: str, server: str, *, timeout_s: float, ttl_s: float | None = None
     ) -> Lease:
         """A client's chain broke at ``server``: mark it dead (once the trust layer's probe confirms it), recompose,
-        and lease a replacement chain; the request keeps its place in line (ahead of every request after it). A false
+        and lease a replacement chain; the request keeps its place in line (ahead of every request after it). Only
+        the repair precedes the replacement: the full recomposition runs in the background. A false
         report counts against this request alone (its job), never against a label or an address others share."""
         lease = self.leases.get(lease_id)
         if server not in {s.server for s in lease.chain.spans}:
             on_chain = [s.server for s in lease.chain.spans]
             raise BadRequestError(f"field 'server' = {server!r} is not on lease {lease_id!r}'s chain {on_chain}")
         if await self.trust.confirm_failure(server, reporter_of(lease.job)):
-            await self.server_failed(server, f"failure reported by lease {lease_id}")
+            # the repair replaces the dead chains at once; the client does not wait for the full recomposition
+            await self.server_failed(server, f"failure reported by lease {lease_id}", wait=False)
         if self.leases.has(lease_id):  # it may have expired while we recomposed
             self.leases.release(lease_id, failed=True)
         return await self.leases.acquire(timeout_s=timeout_s, ttl_s=ttl_s or lease.ttl_s, client=lease.client,

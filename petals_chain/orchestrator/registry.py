@@ -357,6 +357,13 @@ class Registry:
         """(generation, specs of the live servers): the input of one recomposition."""
         return self.generation, tuple(r.spec() for r in self.alive() if not r.pending)
 
+    def assign_unplaced(self) -> None:
+        """Give every server that has no assignment yet an empty one at the current version (a recomposition that
+        was computed but not installed, because the installed one was kept, still answers a newcomer: no blocks)."""
+        for rec in self.servers.values():
+            if rec.assignment is None:
+                rec.assignment = Assignment(rec.name, 0, 0, self.version)
+
     def apply(self, composition: Composition | None, error: str | None = None) -> int:
         """Install a composition (or None with the reason); bump the version, derive assignments."""
         if composition is not None:

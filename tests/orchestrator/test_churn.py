@@ -121,3 +121,38 @@ def test_bad_settings_are_refused_by_name() -> None:
         OrchestratorConfig(repair="yes")
     with pytest.raises(ValueError, match="compose_in"):
         ComposeRunner("gpu")
+
+
+def _slow_proposed(*args, **kwargs):
+    """The default composer, one second slower: a full recomposition a test can overtake."""
+    time.sleep(1.0)
+    return proposed_composition(*args, **kwargs)
+
+
+def test_a_failure_report_is_answered_on_the_repair_without_waiting_for_the_full_recomposition() -> None:
+    async def run() -> None:
+        orch, _ = _orchestrator(compose_in="thread")
+        orch.composition_policy = CompositionPolicy(_slow_proposed, arrival_rate=0.01 * J)
+        lease = await orch.leases.acquire(timeout_s=1.0)
+        server = lease.chain.spans[0].server
+        t0 = time.perf_counter()
+        new = await orch.report_failure(lease.lease_id, server, timeout_s=5.0)
+        took = time.perf_counter() - t0
+        assert server not in {s.server for s in new.chain.spans} and orch.repairs == 1
+        assert took < 0.5 and orch._background  # the full recomposition (1 s at least) still runs
+        while orch._background:
+            await asyncio.sleep(0.05)
+        assert server not in {s.name for s in orch.registry.composition.servers}
+
+    asyncio.run(run())
+
+
+def test_bench_swarm_small_runs_through_churn_and_a_burst_without_double_booking(capsys) -> None:
+    from petals_chain.bench.swarm import run
+
+    code = run(["--servers", "80", "--clients", "500", "--horizon-s", "90", "--burst", "6", "--burst-at-s", "30",
+                "--load-s", "20", "--mean-uptime-s", "300"])
+    out = capsys.readouterr().out
+    assert code == 0 and "double-booked: 0 " in out
+    assert "failures reported" in out and "capacity nu on live servers" in out
+    assert run(["--burst-at-s", "700"]) == 2 and "out of range" in capsys.readouterr().out
