@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import tempfile
 import time
 from collections import deque
@@ -33,6 +34,8 @@ from petals_chain.dispatch.base import Start, check_chains
 from petals_chain.dispatch.jffc import JFFC
 from petals_chain.kernels.dispatch_rules import jffc_arrival, jffc_release, speed_order
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
+from petals_chain.orchestrator import event_loop
+from petals_chain.orchestrator.event_loop import DEFAULT_LOOP, LOOPS
 from petals_chain.orchestrator.exposure import self_signed_pair
 
 MODEL = ModelSpec(num_blocks=32, block_bytes=0.4e9, cache_bytes=0.05e9, name="bench-32")
@@ -59,9 +62,9 @@ DEFAULT_MODES = ("off", "normal", "full")
 
 
 def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = None, mode: str = "normal",
-                 tls: tuple[str, str] | None = None) -> None:
+                 tls: tuple[str, str] | None = None, loop: str = DEFAULT_LOOP) -> None:
     """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
-    ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key)."""
+    ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key); on event loop ``loop``."""
     from petals_chain.compose.method_table import paper_composition
     from petals_chain.orchestrator.api import build_app, serve
     from petals_chain.orchestrator.composition import CompositionPolicy
@@ -93,7 +96,13 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
         await serve(build_app(orch), "127.0.0.1", 0, on_ready=lambda host, port: conn.send(port),
                     ssl_context=server_tls(*tls) if tls is not None else None)
 
-    asyncio.run(main())
+    event_loop.run(main(), loop)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) the process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
@@ -255,7 +264,8 @@ def _http_run(args: argparse.Namespace, tls: tuple[str, str] | None) -> list[dic
     """Every concurrency level against a fresh orchestrator child (HTTPS with ``tls`` = (cert, key))."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, None, "off", tls), daemon=True)
+    proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, None, "off", tls, args.loop[-1]),
+                       daemon=True)
     proc.start()
     out = []
     try:
@@ -276,22 +286,24 @@ def _http_run(args: argparse.Namespace, tls: tuple[str, str] | None) -> list[dic
     return out
 
 
-def _start_children(args: argparse.Namespace, modes: list[str], tmp: Path) -> tuple[dict[str, str], list[Any]]:
-    """One orchestrator child per persistence mode; their URLs (once each listens) and processes."""
+def _start_children(args: argparse.Namespace, runs: list[tuple[str, str]],
+                    tmp: Path) -> tuple[dict[tuple[str, str], str], dict[tuple[str, str], Any]]:
+    """One orchestrator child per (persistence mode, event loop); their URLs (once each listens) and processes."""
     ctx = mp.get_context("spawn")
-    urls: dict[str, str] = {}
-    procs = []
-    for mode in modes:
+    urls: dict[tuple[str, str], str] = {}
+    procs: dict[tuple[str, str], Any] = {}
+    for mode, loop in runs:
         parent, child = ctx.Pipe()
-        state = None if mode == "off" else str(tmp / f"{mode}.sqlite3")
-        proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, state, mode),
+        state = None if mode == "off" else str(tmp / f"{mode}-{loop}.sqlite3")
+        proc = ctx.Process(target=_serve_child, args=(args.chains, args.seed, child, state, mode, None, loop),
                            daemon=True)
         proc.start()
-        procs.append(proc)
+        procs[(mode, loop)] = proc
         if not parent.poll(120):
-            raise RuntimeError(f"the orchestrator child ({mode}) did not start within 120 s")
-        urls[mode] = f"http://127.0.0.1:{parent.recv()}"
-        print(f"orchestrator (persistence {mode}) at {urls[mode]} with {args.chains} chains (child pid {proc.pid})")
+            raise RuntimeError(f"the orchestrator child ({mode}, {loop}) did not start within 120 s")
+        urls[(mode, loop)] = f"http://127.0.0.1:{parent.recv()}"
+        print(f"orchestrator (persistence {mode}, {loop}) at {urls[(mode, loop)]} with {args.chains} chains "
+              f"(child pid {proc.pid})")
     return urls, procs
 
 
@@ -307,6 +319,9 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--persistence", nargs="+", choices=PERSISTENCE_MODES, default=list(DEFAULT_MODES),
                    help="orchestrators to compare: off, and --state-dir with SQLite synchronous NORMAL / FULL "
                         "(group commit; '-unbatched': a commit per write)")
+    p.add_argument("--loop", nargs="+", choices=LOOPS, default=list(LOOPS),
+                   help="the orchestrator's event loop: asyncio's, uvloop (the default since issue 26), or both "
+                        "(old vs new, in turns)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--no-tls", action="store_true", help="skip the HTTPS run")
     p.add_argument("--jffc-only", action="store_true",
@@ -343,34 +358,52 @@ def run(argv: list[str] | None = None) -> int:
 def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """The HTTP lease+release levels per persistence mode, then over HTTPS unless --no-tls; into ``results``."""
     modes = list(dict.fromkeys(args.persistence))
+    loops = list(dict.fromkeys(args.loop))
+    runs = [(mode, loop) for mode in modes for loop in loops]
     with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
-        urls, procs = _start_children(args, modes, Path(tmp))
+        urls, procs = _start_children(args, runs, Path(tmp))
         try:
-            print(f"{'persistence':>16} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} {'p99 ms':>8} "
-                  f"{'mean ms':>8} {'vs off':>7}")
+            print("orch µs/rt: the orchestrator process's CPU (every thread) per lease + release; its rate on a core "
+                  "of its own would be about 1e6 / that")
+            print(f"{'persistence':>16} {'loop':>8} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} "
+                  f"{'p99 ms':>8} {'mean ms':>8} {'vs off':>7} {'orch µs/rt':>11}")
             for c in args.concurrency:
-                off: dict[str, float] | None = None
-                for mode in modes:
-                    r = asyncio.run(_http_level(urls[mode], c, args.requests, warmup=min(50, args.requests)))
-                    r["persistence"] = mode
+                off: dict[str, dict[str, float]] = {}
+                for mode, loop in runs:
+                    cpu0 = _cpu_s(procs[(mode, loop)].pid)
+                    r = asyncio.run(_http_level(urls[(mode, loop)], c, args.requests, warmup=min(50, args.requests)))
+                    r["orchestrator_cpu_us_per_round_trip"] = (
+                        (_cpu_s(procs[(mode, loop)].pid) - cpu0) / (args.requests + min(50, args.requests)) * 1e6)
+                    r["persistence"], r["loop"] = mode, loop
                     if mode == "off":
-                        off = r
-                        results["http"].append(r)
-                    ratio = off["round_trips_per_s"] / r["round_trips_per_s"] if off is not None else None
+                        off[loop] = r
+                        if loop == loops[-1]:  # the loop the HTTPS run uses
+                            results["http"].append(r)
+                    ratio = off[loop]["round_trips_per_s"] / r["round_trips_per_s"] if loop in off else None
                     r["cost_vs_off"] = ratio
                     results["persistence"].append(r)
-                    print(f"{mode:>16} {c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} "
+                    print(f"{mode:>16} {loop:>8} {c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} "
                           f"{r['p99_ms']:>8.2f} {r['mean_ms']:>8.2f} "
-                          f"{'' if ratio is None else f'{ratio:.2f}x':>7}", flush=True)
+                          f"{'' if ratio is None else f'{ratio:.2f}x':>7} "
+                          f"{r['orchestrator_cpu_us_per_round_trip']:>11.0f}", flush=True)
         finally:
-            for proc in procs:
+            for proc in procs.values():
                 proc.terminate()
                 proc.join(10)
+    if len(loops) == 2:
+        for c in args.concurrency:
+            for mode in modes:
+                a, b = (next(r for r in results["persistence"] if (r["persistence"], r["loop"], r["concurrency"])
+                             == (mode, loop, c)) for loop in loops)
+                print(f"{mode} at concurrency {c}: {loops[1]}/{loops[0]} round trips/s "
+                      f"{b['round_trips_per_s'] / a['round_trips_per_s']:.2f}x, p99 "
+                      f"{b['p99_ms'] / a['p99_ms']:.2f}x, orchestrator CPU per round trip "
+                      f"{b['orchestrator_cpu_us_per_round_trip'] / a['orchestrator_cpu_us_per_round_trip']:.2f}x")
     for r in results["persistence"]:
         if r["persistence"] != "off" and r["cost_vs_off"] is not None and r["concurrency"] == max(args.concurrency):
             verdict = "within" if r["cost_vs_off"] <= 2.0 else "OVER"
-            print(f"persistence {r['persistence']} at concurrency {r['concurrency']}: {r['cost_vs_off']:.2f}x the "
-                  f"time per round trip without it ({verdict} the 2x budget)")
+            print(f"persistence {r['persistence']} ({r['loop']}) at concurrency {r['concurrency']}: "
+                  f"{r['cost_vs_off']:.2f}x the time per round trip without it ({verdict} the 2x budget)")
     if not args.no_tls:
         with tempfile.TemporaryDirectory() as folder:
             results["https"] = _http_run(args, self_signed_pair(Path(folder)))  # made for this run

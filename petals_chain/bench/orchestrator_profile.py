@@ -122,10 +122,12 @@ def run(argv: list[str] | None = None) -> int:
                    help="round trips each child served (default: from the bench arguments)")
     p.add_argument("bench", nargs=argparse.REMAINDER,
                    help="after '--': the arguments of `bench orchestrator` (default: --concurrency 32 --requests "
-                        "20000 --persistence off normal --no-tls --pairs 2000)")
+                        "20000 --persistence off normal --no-tls --pairs 2000 --loop asyncio: py-spy sees asyncio's "
+                        "loop in Python, and tells its idle wait from its work; uvloop's runs in C)")
     args = p.parse_args(argv)
     bench = [a for a in args.bench if a != "--"] or ["--concurrency", "32", "--requests", "20000", "--persistence",
-                                                     "off", "normal", "--no-tls", "--pairs", "2000"]
+                                                     "off", "normal", "--no-tls", "--pairs", "2000", "--loop",
+                                                     "asyncio"]
     if args.round_trips is None:
         b = argparse.ArgumentParser(add_help=False)
         b.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])

@@ -13,7 +13,6 @@ one line and exit with code 2.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import functools
 import json
@@ -42,6 +41,7 @@ from petals_chain.cli_args import (
 )
 from petals_chain.compose.method_table import Method, Routing, live_method, method_names
 from petals_chain.model import ModelSpec, ServerSpec, SpecError
+from petals_chain.orchestrator import event_loop
 from petals_chain.orchestrator.auth import Credentials
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
@@ -450,9 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_service(service: Coroutine[Any, Any, None]) -> int:
-    """Run a service until SIGINT/SIGTERM (exit code 0); bad input or an unusable port: one line, exit code 2."""
+    """Run a service until SIGINT/SIGTERM (exit code 0); bad input or an unusable port: one line, exit code 2.
+    The loop is uvloop (orchestrator/event_loop.py)."""
     try:
-        asyncio.run(service)
+        event_loop.run(service)
     except (SpecError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -684,4 +684,7 @@ def test_bench_smoke_restores_capacity_and_writes_figures(tmp_path: Path) -> Non
     assert code == 0 and data["chains"] == 20
     assert [r["round_trips"] for r in data["http"]] == [30]
     assert data["http"][0]["p99_ms"] >= data["http"][0]["p50_ms"] > 0
+    runs = {(r["persistence"], r["loop"]) for r in data["persistence"]}
+    assert {("off", "asyncio"), ("off", "uvloop")} <= runs  # old loop and new, in the same run
+    assert all(r["orchestrator_cpu_us_per_round_trip"] > 0 for r in data["persistence"])
     assert data["jffc"]["free_us"] > 0 and data["jffc"]["saturated_us"] > 0
