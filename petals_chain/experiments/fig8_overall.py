@@ -93,15 +93,20 @@ def aggregate(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ...
 
 
 def reductions(rows: list[dict[str, Any]], settings: tuple[tuple[int, float], ...]) -> list[dict[str, Any]]:
-    """% reduction of the proposed mean response vs each baseline, over runs where both are feasible (paired)."""
+    """% reduction of the proposed mean response vs each baseline, over runs where both are feasible (paired).
+
+    A cell where either side was overloaded in some run has no steady-state mean to compare (its queue grows for
+    the whole run): no percentage and no interval, ``vs_<base>_overloaded_runs`` says in how many runs."""
     out = []
     for J, eta in settings:
-        mine = [r for r in rows if r["J"] == J and r["eta"] == eta]
+        mine = [r for r in rows if int(r["J"]) == J and float(r["eta"]) == eta]
         row: dict[str, Any] = {"J": J, "eta": eta}
         for base in BASELINES:
-            pairs = [(r["proposed_mean_response_s"], r[f"{base}_mean_response_s"]) for r in mine
+            pairs = [(float(r["proposed_mean_response_s"]), float(r[f"{base}_mean_response_s"])) for r in mine
                      if r["proposed_status"] != "infeasible" and r[f"{base}_status"] != "infeasible"]
-            if pairs:
+            over = sum("overloaded" in (r["proposed_status"], r[f"{base}_status"]) for r in mine)
+            row[f"vs_{base}_overloaded_runs"] = over
+            if pairs and not over:
                 p, b = np.array(pairs).T
                 row[f"vs_{base}_pct"] = 100.0 * (1.0 - p.mean() / b.mean())
                 row[f"vs_{base}_runs"] = len(pairs)
@@ -190,20 +195,31 @@ def plot(agg: list[dict[str, Any]], Js: tuple[int, ...], etas: tuple[float, ...]
     save_figure(figure(agg, Js, etas, runs), path)
 
 
-def _fmt(x: float) -> str:
+def _fmt(r: dict[str, Any], base: str) -> str:
+    """The cell's % reduction against ``base``: 'unstable' where an overloaded run leaves no mean to compare."""
+    if r.get(f"vs_{base}_overloaded_runs"):
+        return "unstable"
+    x = r[f"vs_{base}_pct"]
     return "n/a" if math.isnan(x) else f"{x:.0f}%"
 
 
 def _verdicts(red: list[dict[str, Any]]) -> list[str]:
-    """Per baseline: the range of % reductions and in how many cells the paired 95 % CI says faster / slower."""
+    """Per baseline: the range of % reductions over the stable cells, in how many the paired 95 % CI says faster /
+    slower, and how many are unstable (overloaded: no steady-state mean)."""
     lines = []
     for base in BASELINES:
-        vals = [r[f"vs_{base}_pct"] for r in red if not math.isnan(r[f"vs_{base}_pct"])]
-        if vals:
-            worse = sum(r[f"vs_{base}_diff_hi_s"] < 0 for r in red)  # paired 95 % CI wholly below zero
-            better = sum(r[f"vs_{base}_diff_lo_s"] > 0 for r in red)
+        stable = [r for r in red if not math.isnan(r[f"vs_{base}_pct"])]
+        unstable = sum(bool(r.get(f"vs_{base}_overloaded_runs")) for r in red)
+        tail = f"; unstable (overloaded) in {unstable} of {len(red)}" if unstable else ""
+        if stable:
+            vals = [r[f"vs_{base}_pct"] for r in stable]
+            worse = sum(r[f"vs_{base}_diff_hi_s"] < 0 for r in stable)  # paired 95 % CI wholly below zero
+            better = sum(r[f"vs_{base}_diff_lo_s"] > 0 for r in stable)
             lines.append(f"range vs {METHODS[base].legend}: {min(vals):.0f}% .. {max(vals):.0f}%; proposed "
-                         f"significantly faster in {better}, slower in {worse} of {len(red)} cells (paired 95 % CI)")
+                         f"significantly faster in {better}, slower in {worse} of {len(stable)} stable cells "
+                         f"(paired 95 % CI){tail}")
+        elif unstable:
+            lines.append(f"vs {METHODS[base].legend}: unstable (overloaded) in {unstable} of {len(red)} cells")
     return lines
 
 
@@ -215,11 +231,12 @@ def run_cells(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...]
     if unknown:
         raise SpecError(f"--cells: {', '.join(f'{J}:{e:g}' for J, e in unknown)} not in fig8's grid (J in "
                         f"{', '.join(map(str, cfg['Js']))}; η in {', '.join(f'{e:g}' for e in cfg['etas'])})")
-    if replotting(args):
-        raise SpecError("--cells recomputes its cells; --replot redraws the whole grid from fig8_runs.csv")
-    only = [settings.index(cell) * cfg["runs"] + r for cell in picked for r in range(cfg["runs"])]
-    rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
-                            desc="fig8 cells", checkpoint=checkpoint_path("fig8", args), only=only)
+    if replotting(args):  # the summary again from the grid's rows of these cells (no simulation)
+        rows = [r for r in read_csv(args.out / "fig8_runs.csv") if (int(r["J"]), float(r["eta"])) in picked]
+    else:
+        only = [settings.index(cell) * cfg["runs"] + r for cell in picked for r in range(cfg["runs"])]
+        rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
+                                desc="fig8 cells", checkpoint=checkpoint_path("fig8", args), only=only)
     red = reductions(rows, picked)
     agg = {(r["J"], r["eta"], r["method"]): r for r in aggregate(rows, picked)}
     table, lines = [], [f"{cfg['runs']} runs × {cfg['n_jobs']} jobs per cell, the runs these cells have in the whole "
@@ -234,14 +251,20 @@ def run_cells(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...]
             row |= {k: v for k, v in r.items() if k.startswith(f"vs_{base}_")}
         table.append(row)
         lines.append(f"J={r['J']} η={r['eta']:g}: proposed {row['proposed_mean_response_s']:.3f} s; " + "; ".join(
-            f"{base} {_fmt(r[f'vs_{base}_pct'])} "
-            f"({r[f'vs_{base}_diff_lo_s']:+.3f} .. {r[f'vs_{base}_diff_hi_s']:+.3f} s)"
-            for base in BASELINES if r[f"vs_{base}_runs"]))
-    write_csv(args.out / "fig8_cell_check.csv", table)
+            (f"{base} unstable (overloaded in {r[f'vs_{base}_overloaded_runs']} of {row['runs']} runs)"
+             if r[f"vs_{base}_overloaded_runs"] else
+             f"{base} {_fmt(r, base)} ({r[f'vs_{base}_diff_lo_s']:+.3f} .. {r[f'vs_{base}_diff_hi_s']:+.3f} s)")
+            for base in BASELINES if r[f"vs_{base}_runs"] or r[f"vs_{base}_overloaded_runs"]))
     lines += _verdicts(red)
     cells = " ".join(f"{J}:{e:g}" for J, e in picked)
     command = f"python -m petals_chain.experiments fig8{' --quick' if args.quick else ''} --seed {args.seed} " \
               f"--cells {cells}"
+    if replotting(args):
+        command += " --replot"
+        lines.append("redrawn from fig8_runs.csv's rows of these cells (fig8_cell_check.csv is the check's own "
+                     "rerun, which gave the same values bit for bit)")
+    else:
+        write_csv(args.out / "fig8_cell_check.csv", table)
     return Summary("fig8-cells", "overall comparison, selected cells (fig8_cell_check.csv)", command, lines, [],
                    {"reductions": red})
 
@@ -297,8 +320,7 @@ def run(args) -> Summary:
     for J in cfg["Js"]:
         cells = []
         for r in (r for r in red if r["J"] == J):
-            cells.append(f"η={r['eta']:g}: {_fmt(r['vs_petals_pct'])} / {_fmt(r['vs_bprr_pct'])} / "
-                         f"{_fmt(r['vs_bprr_oracle_pct'])}")
+            cells.append(f"η={r['eta']:g}: {_fmt(r, 'petals')} / {_fmt(r, 'bprr')} / {_fmt(r, 'bprr_oracle')}")
         lines.append(f"J={J}: " + "; ".join(cells))
     lines += _verdicts(red)
     infeasible = sorted({(r["J"], r["eta"], r["method"]) for r in agg if r["feasible_runs"] < r["runs"]})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
@@ -194,3 +195,26 @@ def test_fig8_methods_recomputes_only_those_columns(tmp_path, monkeypatch, capsy
     assert "not a whole 2-run grid" in capsys.readouterr().err
     assert main(["fig8", "--quick", "--out", str(tmp_path), "--methods", "nope"]) == 2
     assert "unknown nope" in capsys.readouterr().err
+
+
+def test_fig8_an_overloaded_cell_is_unstable_not_a_percentage():
+    """A cell where a baseline was overloaded in some run has no steady-state mean: no % and no interval, and the
+    verdict lines count it apart from the stable cells."""
+    from petals_chain.experiments import fig8_overall as fig8
+
+    rows = []
+    for cell, over in (((10, 0.4), True), ((20, 0.4), False)):
+        for k in range(3):
+            row = {"J": cell[0], "eta": cell[1], "run": k, "proposed_status": "ok",
+                   "proposed_mean_response_s": 10.0 + k}
+            for base in fig8.BASELINES:
+                row[f"{base}_status"] = "overloaded" if over and base == "petals" and k == 1 else "ok"
+                row[f"{base}_mean_response_s"] = 12.0 + k + (500 if over and base == "petals" else 0)
+            rows.append(row)
+    red = {(r["J"], r["eta"]): r for r in fig8.reductions(rows, ((10, 0.4), (20, 0.4)))}
+    assert red[(10, 0.4)]["vs_petals_overloaded_runs"] == 1 and math.isnan(red[(10, 0.4)]["vs_petals_pct"])
+    assert fig8._fmt(red[(10, 0.4)], "petals") == "unstable" and fig8._fmt(red[(20, 0.4)], "petals") != "unstable"
+    assert red[(10, 0.4)]["vs_bprr_pct"] > 0  # the other baselines of that cell keep their comparison
+    lines = fig8._verdicts(list(red.values()))
+    petals = next(line for line in lines if "PETALS" in line and "capped" not in line.lower())
+    assert "of 1 stable cells (paired 95 % CI); unstable (overloaded) in 1 of 2" in petals
