@@ -41,7 +41,8 @@ def run(args) -> Summary:
     if replotting(args):
         chain = _saved_chain(args.out / f"{NAME}.json")
         return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
-                       read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings)
+                       read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings,
+                       reused=_saved_reuse(args.out / f"{NAME}.json"))
     profile = args.out / f"{NAME}_speedup.csv"
     reused = args.quick and profile.is_file()
     calib = read_csv(profile) if reused else _calibrate(n_prompts, new_tokens)
@@ -130,6 +131,15 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
     return sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
 
 
+REUSED_LINE = ("s(k): the profile an earlier run of this experiment measured on this machine (a --quick run "
+               "reuses it; the orchestrator loads the same file with --speedup-profile)")
+
+
+def _saved_reuse(path: Path) -> bool:
+    """Whether the saved run reused an earlier s(k) profile (its summary says so)."""
+    return path.is_file() and REUSED_LINE in json.loads(path.read_text()).get("lines", [])
+
+
 def _saved_chain(path: Path) -> str:
     """The chain a saved run served ('a[0:16] → b[16:30]'), from its JSON ('?' when unknown)."""
     if not path.is_file():
@@ -168,8 +178,7 @@ def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings:
     _plot(calib, speedup, rows, args.out / f"{NAME}.png")
     lines = _lines(calib, speedup, rows, chain, *settings)
     if reused:
-        lines.insert(1, "s(k): the profile an earlier run of this experiment measured on this machine (a --quick run "
-                        "reuses it; the orchestrator loads the same file with --speedup-profile)")
+        lines.insert(1, REUSED_LINE)
     return Summary(NAME, "speculative width by greedy(p*) on a live swarm",
                    f"python -m petals_chain.experiments moldable-live{' --quick' if args.quick else ''} "
                    f"--seed {args.seed}", lines,
