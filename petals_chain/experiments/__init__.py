@@ -42,6 +42,7 @@ EXPERIMENTS: dict[str, str] = {
     "torta-fig10": "torta_fig10",
     "torta-fig11": "torta_fig11",
     "torta-fig12": "torta_fig12",
+    "torta-trust": "torta_trust",  # the PPO layer's trust region 0.15 / 0.5 / 1.0 against OT alone
     "torta-live": "torta_live",  # live: needs root (network namespaces per origin)
 }
 
