@@ -1,35 +1,36 @@
 """TORTA's PPO layer put to the test: the trust region ``policy_trust`` at 0.15 (the default), 0.5 and 1.0, against
-OT alone and RL without OT, with learning curves that say where the reward stops rising (docs/torta.md, "PPO
+OT alone and RL without OT, with the learning curve that says where the reward stops rising (docs/torta.md, "PPO
 ablation").
 
-``policy_trust`` bounds how far the learned allocation may move from its anchor, a smoothed OT plan
-(‖A − anchor‖_F ≤ trust). At 0.15 the policy is hardly exercised. At 1.0 it may move the whole plan. For each topology
-and evaluation seed, the policies are trained at every trust (the same seeds as the main comparison, so the rows pair
-by seed) and evaluated on the same arrivals as TORTA, OT-only and RL-no-OT. The default trust's rows are the main
-comparison's (torta-runs[-quick].csv, and its learning curves torta-train-TOPOLOGY.csv): only 0.5 and 1.0 are
-trained here, on two topologies (:data:`TRUST_TOPOLOGIES`: at the full setting each (topology, trust) costs about
-1.5 CPU-hours for 5 seeds). A full run keeps each finished seed (resumable per trust and topology); ``--quick`` is
-the scaled quick setting. Output: torta-trust.csv (one row per topology, seed, trust and method),
-torta-trust-curves.csv (the first seed's learning curve per topology and trust), torta-trust.png.
+``policy_trust`` bounds, at decision time, how far the learned allocation may move from its anchor, a smoothed OT
+plan (‖A − anchor‖_F ≤ trust; torta/episode.py). PPO trains without it, so one training serves every trust: for
+each topology of :data:`TRUST_TOPOLOGIES` and each evaluation seed (those of the main comparison), the policies are
+trained once and TORTA is evaluated at every trust, beside OT-only and RL-no-OT, on the same arrivals. A full run
+keeps each finished seed (resumable per topology; about 20 CPU-minutes a seed at the full setting); ``--quick`` is
+the scaled quick setting. Output: torta-trust.csv (one row per topology, seed, trust and method; OT-only and
+RL-no-OT once per seed, under every trust for the pairing), torta-trust-curves.csv (the first seed's learning curve
+per topology), torta-trust.png.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from petals_chain.experiments.common import (Summary, checkpoint_path, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
-from petals_chain.experiments.torta_common import PAPER_NAME, EvalTask, RunSettings, read_rows, settings
+from petals_chain.experiments.torta_common import PAPER_NAME, RunSettings, settings
 from petals_chain.sim.montecarlo import run_replications
+from petals_chain.torta.compare import evaluate, prepare
 
-DEFAULT_TRUST = 0.15  # TortaParams' default: the main comparison's rows
-TRUSTS = (DEFAULT_TRUST, 0.5, 1.0)
+TRUSTS = (0.15, 0.5, 1.0)
+METHODS = ("TORTA", "OT-only", "RL-no-OT")
 TRUST_TOPOLOGIES = ("abilene", "polska")
 TOPOLOGIES = TRUST_TOPOLOGIES
-METHODS = ("TORTA", "OT-only", "RL-no-OT")
 REPLOT = True
 NAME = "torta-trust"
 
@@ -49,30 +50,35 @@ def plateau_episode(rewards: list[float], share: float = 0.95) -> int:
     return int(np.argmax(smooth >= smooth[0] + share * rise)) + (w - 1 if r.size >= w else 0)
 
 
+@dataclass(frozen=True)
+class TrustTask:
+    """One evaluation seed of one topology (picklable for the process pool): train once, evaluate TORTA at every
+    trust and the two ablations once."""
+
+    topology: str
+    rs: RunSettings
+
+    def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+        s = int(seed.generate_state(1)[0] % 2**31)  # the main comparison's seed for this index (torta_common)
+        st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, s, progress=False)
+        others = evaluate(st, METHODS[1:])
+        rows = []
+        for trust in TRUSTS:
+            at = dataclasses.replace(st, params=st.params.with_(policy_trust=trust))
+            rows += [{**r, "trust": trust} for r in evaluate(at, ("TORTA",)) + others]
+        return {"rows": rows, "curve": st.curve}
+
+
 def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]]:
-    """The default trust's rows and curves from the main comparison; every other (topology, trust) trained and
-    evaluated over the seeds here."""
-    if rs.params.policy_trust != DEFAULT_TRUST:
-        raise ValueError(f"torta-trust: the main comparison's trust is {rs.params.policy_trust}, not {DEFAULT_TRUST}")
-    main = read_rows(args.out / f"torta-runs{'-quick' if args.quick else ''}.csv")
-    if not main:
-        raise FileNotFoundError("torta-trust: run the main comparison first (torta-fig8"
-                                f"{' --quick' if args.quick else ''} --seed {args.seed}): its rows are trust "
-                                f"{DEFAULT_TRUST}'s")
-    rows = [{**r, "trust": DEFAULT_TRUST} for r in main if r["topology"] in TOPOLOGIES and r["method"] in METHODS]
-    curves = [{"topology": t, "trust": DEFAULT_TRUST, "episode": c["episode"], "mean_reward": c["mean_reward"]}
-              for t in TOPOLOGIES for c in read_csv(args.out / f"torta-train-{t}.csv")]
+    """Every topology's seeds trained and evaluated; rows per trust and method, the first seed's curve."""
+    rows, curves = [], []
     for topo in TOPOLOGIES:
-        for trust in TRUSTS[1:]:
-            rst = RunSettings(rs.slots, rs.seeds, rs.episodes, rs.params.with_(policy_trust=trust), rs.workers, rs.ray)
-            task = EvalTask(topo, rst, args.seed, ((None, METHODS),))
-            out = run_replications(task, rs.seeds, args.seed, workers=rs.workers, ray=rs.ray,
-                                   desc=f"trust {trust:g} {topo}",
-                                   checkpoint=checkpoint_path(f"{NAME}-{trust:g}-{topo}", args))
-            for rep in out:
-                rows += [{**r, "trust": trust} for r in rep["rows"]]
-            curves += [{"topology": topo, "trust": trust, "episode": c["episode"], "mean_reward": c["mean_reward"]}
-                       for c in out[0]["curve"]]
+        out = run_replications(TrustTask(topo, rs), rs.seeds, args.seed, workers=rs.workers, ray=rs.ray,
+                               desc=f"trust {topo}", checkpoint=checkpoint_path(f"{NAME}-{topo}", args))
+        for rep in out:
+            rows += rep["rows"]
+        curves += [{"topology": topo, "episode": c["episode"], "mean_reward": c["mean_reward"]}
+                   for c in out[0]["curve"]]
     return rows, curves
 
 
@@ -103,20 +109,23 @@ def _paired(rows: list[dict], topo: str, trust: float, method: str) -> tuple[flo
 
 def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) -> Summary:
     lines = [f"{rs.seeds} seeds × {len(TOPOLOGIES)} topologies, {rs.episodes} PPO episodes, {rs.slots} slots; "
-             "paired by seed, TORTA − other in mean response (s), 95 % CI; plateau = episode where the smoothed "
-             "reward reaches 95 % of its rise"]
+             "paired by seed, TORTA − other in mean response (s), 95 % CI; one training per seed serves every trust "
+             "(it bounds decisions only); plateau = episode where the smoothed reward reaches 95 % of its rise"]
     beats = 0
     for topo in TOPOLOGIES:
+        curve = [float(c["mean_reward"]) for c in curves if c["topology"] == topo]
         parts = []
         for trust in TRUSTS:
             d_ot, h_ot, mean = _paired(rows, topo, trust, "OT-only")
             d_rl, h_rl, _ = _paired(rows, topo, trust, "RL-no-OT")
-            curve = [float(c["mean_reward"]) for c in curves if c["topology"] == topo and float(c["trust"]) == trust]
             if not math.isnan(h_ot) and d_ot + h_ot < 0:
                 beats += 1
             parts.append(f"trust {trust:g}: TORTA {mean:.2f} s, vs OT-only {d_ot:+.2f} ± {h_ot:.2f}, vs RL-no-OT "
-                         f"{d_rl:+.2f} ± {h_rl:.2f}, plateau at episode {plateau_episode(curve)} of {len(curve)}")
-        lines.append(f"{PAPER_NAME[topo]}: " + "; ".join(parts))
+                         f"{d_rl:+.2f} ± {h_rl:.2f}")
+        at = plateau_episode(curve)
+        still = " (still rising: not converged)" if curve and at >= 0.8 * len(curve) else ""
+        lines.append(f"{PAPER_NAME[topo]}: " + "; ".join(parts) + f"; learning curve plateau at episode {at} of "
+                     f"{len(curve)}{still}")
     lines.append(f"TORTA faster than OT alone (paired CI below zero) in {beats} of {len(TOPOLOGIES) * len(TRUSTS)} "
                  "(topology, trust) cells")
     save_figure(_figure(rows, curves), args.out / f"{NAME}.png")
@@ -125,8 +134,8 @@ def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) ->
 
 
 def _figure(rows: list[dict], curves: list[dict]):
-    """Left: TORTA − OT-only per topology and trust (paired mean, 95 % CI). Right: the first seed's learning curves,
-    one line per trust, for the first topology."""
+    """Left: TORTA − OT-only per topology and trust (paired mean, 95 % CI). Right: the first seed's learning curve
+    per topology."""
     from petals_chain.experiments.common import figure
 
     fig, axes = figure(1, 2, figsize=(12, 4.2))
@@ -140,14 +149,13 @@ def _figure(rows: list[dict], curves: list[dict]):
     ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2, [PAPER_NAME[t] for t in TOPOLOGIES])
     ax.set_ylabel("TORTA − OT-only, mean response (s)")
     ax.grid(axis="x", visible=False)
-    topo = TOPOLOGIES[0]
-    for trust in TRUSTS:
-        c = [(int(x["episode"]), float(x["mean_reward"])) for x in curves
-             if x["topology"] == topo and float(x["trust"]) == trust]
+    for topo in TOPOLOGIES:
+        c = [(int(float(x["episode"])), float(x["mean_reward"])) for x in curves if x["topology"] == topo]
         if c:
-            bx.plot(*zip(*c), label=f"trust {trust:g}")
+            bx.plot(*zip(*c), label=PAPER_NAME[topo])
+    bx.legend(fontsize=8)
     bx.set_xlabel("episode")
-    bx.set_ylabel(f"mean reward per slot ({PAPER_NAME[topo]}, first seed)")
+    bx.set_ylabel("mean reward per slot (first seed)")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(TRUSTS), frameon=False)
     fig.suptitle("TORTA's PPO layer: trust region against OT alone")
     return fig
