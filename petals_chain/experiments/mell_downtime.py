@@ -97,6 +97,13 @@ def run(args) -> Summary:
                      for link, p in {c["link"]: c["profile"] for c in checks}.items())
     lines.append(f"fastest rule's profile per link, from its 128- and 2048-token runs ({fits}); the 512- and "
                  "1024-token cases are out of sample")
+    ends = {min(c["tokens"] for c in checks), max(c["tokens"] for c in checks)}  # the lengths the profile is fitted on
+    held = [c for c in checks if c["tokens"] not in ends]
+    if held:
+        lines.append(f"scored on the held-out lengths alone, the fastest rule picks the faster mode in "
+                     f"{sum(c['fastest_both'] == c['faster'] for c in held)} of {len(held)} cases, first fit in "
+                     f"{sum(c['first_fit_both'] == c['faster'] for c in held)}, best fit in "
+                     f"{sum(c['best_fit_both'] == c['faster'] for c in held)}")
     return Summary("mell_downtime", "Mell live: migration downtime, KV transfer vs token replay", command(args), lines,
                    ["the paper divides moves between KV transfer and token replay within link and compute budgets; "
                     "it reports no live downtime figures"], {"division": checks})
