@@ -1,6 +1,6 @@
 """TORTA's PPO layer put to the test: the trust region ``policy_trust`` at 0.15 (the default), 0.5 and 1.0, against
-OT alone and RL without OT, with the learning curve that says where the reward stops rising (docs/torta.md, "PPO
-ablation").
+OT alone and RL without OT, with the learning curve that says where the reward stops rising
+(docs/torta.md, "PPO ablation").
 
 ``policy_trust`` bounds, at decision time, how far the learned allocation may move from its anchor, a smoothed OT
 plan (‖A − anchor‖_F ≤ trust; torta/episode.py). PPO trains without it, so one training serves every trust: for
