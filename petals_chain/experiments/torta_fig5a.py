@@ -104,6 +104,8 @@ def _plot(rows: list[dict], ns: list[int], med: dict[int, float], fit, cfg: dict
         ax.plot(xs, np.exp(fit[1]) * xs ** fit[0], ls=":", color="black", label=f"fit: slope {fit[0]:.2f}")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.set_xticks(ns, [f"{n:,}" for n in ns])
+    ax.minorticks_off()
     ax.set_xlabel("tasks per slot N")
     ax.set_ylabel("solve time (s)")
     ax.set_title("TORTA Fig 5a: exact MILP solve time")
