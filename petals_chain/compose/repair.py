@@ -28,7 +28,7 @@ import numpy as np
 
 from petals_chain import defaults
 from petals_chain.analysis.bounds import theorem37_bounds
-from petals_chain.compose.capacity import blocks_for_capacity, cache_slots
+from petals_chain.compose.capacity import blocks_array, blocks_for_capacity, cache_slots
 from petals_chain.compose.gca import gca
 from petals_chain.compose.serial import any_serial, bound_rates, cap_chains
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec, SpecError
@@ -67,9 +67,10 @@ def repair(comp: Composition, gone: Sequence[str] = (), new: Sequence[ServerSpec
     first = [comp.placement.first_block[j] for j in keep] + [0] * len(new)
     count = [comp.placement.num_blocks[j] for j in keep] + [0] * len(new)
     heirs: list[str] = []
+    holds = blocks_array(servers[:len(keep)], comp.model, max(comp.c, 1)) if dead else None
     for d in sorted(dead):
-        for j, a, m in _heirs(servers[:len(keep)], comp.model, count, comp.placement.first_block[d],
-                              comp.placement.num_blocks[d], comp.c):
+        for j, a, m in _heirs(servers[:len(keep)], holds, count, comp.placement.first_block[d],
+                              comp.placement.num_blocks[d]):
             first[j], count[j] = a, m
             heirs.append(servers[j].name)
     L = comp.model.num_blocks
@@ -116,14 +117,14 @@ def worth_replacing(current: Composition, candidate: Composition, arrival_rate: 
     return not np.isfinite(now) or lower(candidate) < (1 - margin) * now
 
 
-def _heirs(servers: Sequence[ServerSpec], model: ModelSpec, count: Sequence[int], a: int, m: int,
-           c: int) -> list[tuple[int, int, int]]:
+def _heirs(servers: Sequence[ServerSpec], holds: np.ndarray, count: Sequence[int], a: int,
+           m: int) -> list[tuple[int, int, int]]:
     """Idle servers (no blocks) covering blocks a .. a+m-1 end to end, fastest per block first, each with what it
-    holds at concurrency c: [(server, first block, blocks)], or [] if they cannot cover the span."""
+    holds at the composition's c (``holds``, m_j(c) of every server): [(server, first block, blocks)], or [] if they
+    cannot cover the span."""
     if m <= 0:
         return []
-    idle = [(j, min(blocks_for_capacity(s, model, max(c, 1)), m)) for j, s in enumerate(servers) if count[j] == 0]
-    idle = [(j, k) for j, k in idle if k > 0]
+    idle = [(j, min(int(holds[j]), m)) for j in range(len(servers)) if count[j] == 0 and holds[j] > 0]
     idle.sort(key=lambda jk: ((servers[jk[0]].tau_c_s + servers[jk[0]].tau_p_s * jk[1]) / jk[1], jk[0]))
     out, pos, end = [], a, a + m
     for j, k in idle:

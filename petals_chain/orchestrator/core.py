@@ -145,6 +145,10 @@ class Orchestrator:
         repaired composition only where compose/repair.py's ``worth_replacing`` says it gains enough.
         """
         self.repair()
+        await self._recompose_fully()
+
+    async def _recompose_fully(self) -> None:
+        """The full part of :meth:`recompose` (the repair done)."""
         async with self._lock:
             while self._applied_generation < self.registry.generation:
                 gen, specs = self.registry.snapshot()
@@ -290,7 +294,7 @@ class Orchestrator:
         """Repair now (:meth:`repair`), and run :meth:`recompose` as a task that nobody waits for (its failure is
         logged)."""
         self.repair()
-        task = asyncio.create_task(self.recompose())
+        task = asyncio.create_task(self._recompose_fully())
         self._background.add(task)
         task.add_done_callback(self._background_done)
 
