@@ -17,6 +17,7 @@ from petals_chain.compose.gca import gca
 from petals_chain.compose.joint import joint_compose
 from petals_chain.compose.tuning import tune_c
 from petals_chain.model import ServerSpec
+from petals_chain.orchestrator.registry import Registry
 from petals_chain.service_time import PAPER_DEVICES, Workload, bloom_176b, tau_c, tau_p
 
 BLOOM = bloom_176b()
@@ -33,6 +34,14 @@ def bench_servers(J: int, eta: float, rng: np.random.Generator) -> list[ServerSp
         rtt = float(rng.uniform(0.005, 0.060))
         out.append(ServerSpec(f"s{j}", dev.memory_bytes, tau_c(rtt, wl), tau_p(dev, BLOOM.block_bytes, wl)))
     return out
+
+
+def bench_registry(servers: list[ServerSpec], now_s: float) -> Registry:
+    """An orchestrator's registry with ``servers`` registered at ``now_s`` (the churn and swarm benchmarks' start)."""
+    registry = Registry(BLOOM)
+    for s in servers:
+        registry.register(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, now_s=now_s)
+    return registry
 
 
 def run(argv: list[str] | None = None) -> int:

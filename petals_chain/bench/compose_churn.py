@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.model import ServerSpec
+from petals_chain.orchestrator.chains import total_rate_per_s
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,8 @@ def _pick_leaver(orch: Orchestrator, rng: np.random.Generator) -> str:
 
 def _rate(orch: Orchestrator, loaded: dict[str, tuple[int, int]] | None = None) -> float:
     """ν of the offered chains; with ``loaded``, of those whose every span lies in what its server has loaded."""
-    total = 0.0
-    for c in orch.leases.chains:
-        if loaded is None or all(s.server in loaded and loaded[s.server][0] <= s.start and s.end <= loaded[s.server][1]
-                                 for s in c.spans):
-            total += c.capacity / c.service_time_s
-    return total
+    return total_rate_per_s(c for c in orch.leases.chains if loaded is None or all(
+        s.server in loaded and loaded[s.server][0] <= s.start and s.end <= loaded[s.server][1] for s in c.spans))
 
 
 def _assigned(orch: Orchestrator) -> dict[str, tuple[int, int]]:
@@ -96,9 +92,7 @@ async def _run_mode(servers: list[ServerSpec], trace: list[Event], lam: float, m
     """The trace through a fresh orchestrator whose full recompositions run in ``mode``; one row per event (the
     same leavers for the same seed as long as both modes compose alike)."""
     rng = np.random.default_rng(seed)
-    registry = Registry(BLOOM)
-    for s in servers:
-        registry.register(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, now_s=time.monotonic())
+    registry = bench_registry(servers, time.monotonic())
     policy = CompositionPolicy(proposed_composition, arrival_rate=lam)
     orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, compose_in=mode),
                         composition_policy=policy)

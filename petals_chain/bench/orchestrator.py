@@ -367,13 +367,14 @@ def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
                   "of its own would be about 1e6 / that")
             print(f"{'persistence':>16} {'loop':>8} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} "
                   f"{'p99 ms':>8} {'mean ms':>8} {'vs off':>7} {'orch µs/rt':>11}")
+            warmup = min(50, args.requests)
             for c in args.concurrency:
                 off: dict[str, dict[str, float]] = {}
                 for mode, loop in runs:
                     cpu0 = _cpu_s(procs[(mode, loop)].pid)
-                    r = asyncio.run(_http_level(urls[(mode, loop)], c, args.requests, warmup=min(50, args.requests)))
+                    r = asyncio.run(_http_level(urls[(mode, loop)], c, args.requests, warmup=warmup))
                     r["orchestrator_cpu_us_per_round_trip"] = (
-                        (_cpu_s(procs[(mode, loop)].pid) - cpu0) / (args.requests + min(50, args.requests)) * 1e6)
+                        (_cpu_s(procs[(mode, loop)].pid) - cpu0) / (args.requests + warmup) * 1e6)
                     r["persistence"], r["loop"] = mode, loop
                     if mode == "off":
                         off[loop] = r

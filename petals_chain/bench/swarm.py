@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.model import ServerSpec
+from petals_chain.orchestrator.chains import total_rate_per_s
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
 from petals_chain.orchestrator.leases import Lease
 from petals_chain.orchestrator.metrics import cache_slots_by_server
-from petals_chain.orchestrator.registry import Registry
 from petals_chain.protocol.requests import HeartbeatBody, RegisterBody, SpanBody
 
 
@@ -218,8 +218,8 @@ class SwarmSim:
         self.double_booked += sum(1 for k, n in per_chain.items() if n > cap.get(k, 0))
         self.double_booked += sum(1 for s, n in per_server.items() if n > slots.get(s, 0))
         chains = self.orch.leases.chains
-        nu = sum(c.capacity / c.service_time_s for c in chains)
-        live = sum(c.capacity / c.service_time_s for c in chains if all(self.servers[s.server].alive for s in c.spans))
+        nu = total_rate_per_s(chains)
+        live = total_rate_per_s(c for c in chains if all(self.servers[s.server].alive for s in c.spans))
         self.samples.append((self.clock.now, nu, live, len(leases), len(self.orch.leases.queued())))
 
     # ---- the run ------------------------------------------------------------------------------------
@@ -228,10 +228,8 @@ class SwarmSim:
         a = self.args
         specs = bench_servers(a.servers, a.eta, self.rng)
         lam = a.rate_per_server * a.servers
-        registry = Registry(BLOOM)
-        for s in specs:
-            registry.register(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, now_s=0.0)
-            self.servers[s.name] = FakeServer(s)
+        registry = bench_registry(specs, 0.0)
+        self.servers = {s.name: FakeServer(s) for s in specs}
         config = OrchestratorConfig(lease_ttl_s=1e9, heartbeat_timeout_s=defaults.HEARTBEAT_TIMEOUT_S,
                                     offer_when_serving=True, compose_in=a.compose_in)
         self.orch = orch = Orchestrator(registry, config, clock=self.clock,

@@ -6,6 +6,7 @@ Kept apart from the registry because the lease managers and the metrics use them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from petals_chain.model import Composition
@@ -29,6 +30,11 @@ class ChainInfo:
     def rate_per_s(self) -> float:
         """μ_k = 1 / T_k."""
         return 1.0 / self.service_time_s
+
+
+def total_rate_per_s(chains: Iterable[ChainInfo]) -> float:
+    """ν = Σ_k c_k μ_k of these chains (``Composition.total_rate_per_s`` for the chains as offered)."""
+    return sum(c.capacity * c.rate_per_s for c in chains)
 
 
 def chain_infos(composition: Composition, version: int) -> list[ChainInfo]:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.compose.repair import worth_replacing
 from petals_chain.model import SpecError
@@ -17,7 +17,6 @@ from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
 from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.registry import Registry
 
 J = 60
 POLICY = CompositionPolicy(proposed_composition, arrival_rate=0.01 * J)
@@ -25,10 +24,7 @@ POLICY = CompositionPolicy(proposed_composition, arrival_rate=0.01 * J)
 
 def _orchestrator(**config: object) -> tuple[Orchestrator, list]:
     servers = bench_servers(J, 0.2, np.random.default_rng(7))
-    registry = Registry(BLOOM)
-    for s in servers:
-        registry.register(s.name, s.memory_bytes, s.tau_p_s, s.tau_c_s, now_s=time.monotonic(),
-                          peer_id=f"peer-{s.name}", address="10.0.0.1")
+    registry = bench_registry(servers, time.monotonic())
     orch = Orchestrator(registry, OrchestratorConfig(heartbeat_timeout_s=None, **config), composition_policy=POLICY)
     orch.recompose_now()
     return orch, servers
