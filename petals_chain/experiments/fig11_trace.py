@@ -20,7 +20,7 @@ from petals_chain.compose.method_table import METHODS
 from petals_chain.data import data_dir
 from petals_chain.data.azure import Trace, read_azure_trace
 from petals_chain.data.ripe import draw_topology
-from petals_chain.experiments.common import Summary, plt, write_csv
+from petals_chain.experiments.common import Summary, plt, read_csv, write_csv
 from petals_chain.model import ModelSpec, ServerSpec
 from petals_chain.model_shapes import KNOWN_SHAPES, paper_testbed_sizes
 from petals_chain.service_time import PAPER_DEVICES, Workload, tau_c, tau_p
@@ -67,12 +67,9 @@ def _ccdf(ax, x: np.ndarray, label: str, **kw) -> None:
 def measured_service_lines(path) -> list[str]:
     """The std ratio of the service times a live replay measured, per method (every completed request), and that of
     its requests' output lengths; [] where the replay's file is missing."""
-    import csv
-
     if not path.exists():
         return []
-    with path.open() as fh:
-        rows = [r for r in csv.DictReader(fh) if not r["error"] and r.get("censored", "") not in ("True", "1")]
+    rows = [r for r in read_csv(path) if not r["error"] and r.get("censored", "") not in ("True", 1.0)]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     parts = []
     for m in methods:
