@@ -104,17 +104,22 @@ def add_server(comp: Composition, spec: ServerSpec) -> Composition:
 def worth_replacing(current: Composition, candidate: Composition, arrival_rate: float,
                     margin: float = defaults.REPAIR_KEEP_MARGIN) -> bool:
     """Whether ``candidate`` (a full recomposition) should replace ``current`` (a repaired one): the servers
-    differ (a figure moved, or one came or went that the repair does not hold), its Theorem 3.7 lower bound on the
-    mean response is below (1 − margin) × current's, or current has no stable chains. The bound, not the simulated
-    estimate: it is exact to compute in microseconds, and both sides get the same one."""
+    differ (a figure moved, or one came or went that the repair does not hold), or the candidate gains more than
+    ``margin``: its Theorem 3.7 lower bound on the mean response below (1 − margin) × current's, or, where current
+    cannot keep up with ``arrival_rate`` (no finite bound), a finite bound or a total rate ν above (1 + margin) ×
+    current's. A candidate as overloaded as current is not worth sending servers loading: a swap of two servers'
+    spans would drop their sessions for nothing. The bound, not the simulated estimate: it is exact to compute in
+    microseconds, and both sides get the same one."""
     if sorted(current.servers, key=lambda s: s.name) != sorted(candidate.servers, key=lambda s: s.name):
         return True
 
     def lower(comp: Composition) -> float:
         return theorem37_bounds(*bound_rates(comp.chains), arrival_rate).lower_s if comp.chains else np.inf
 
-    now = lower(current)
-    return not np.isfinite(now) or lower(candidate) < (1 - margin) * now
+    now, then = lower(current), lower(candidate)
+    if np.isfinite(now):
+        return then < (1 - margin) * now
+    return bool(np.isfinite(then)) or candidate.total_rate_per_s > (1 + margin) * current.total_rate_per_s
 
 
 def _heirs(servers: Sequence[ServerSpec], holds: np.ndarray, count: Sequence[int], a: int,

@@ -111,6 +111,26 @@ def test_a_full_recomposition_replaces_a_repair_only_where_it_gains_enough(compo
     assert worth_replacing(dataclasses.replace(rep, chains=()), rep, lam)
 
 
+def test_an_overloaded_repair_is_replaced_only_for_a_real_gain(composed):
+    """Where the repaired composition cannot keep up with λ (no finite bound), a candidate as overloaded is not
+    installed (its servers would reload for nothing: the live swarm's two-server chain swapped its servers' spans
+    and dropped a session this way), one with ν 10 % higher or one that keeps up is."""
+    import dataclasses
+
+    rep = drop_server(composed, composed.servers[composed.chains[0].servers[0]].name)
+    lam = 10 * rep.total_rate_per_s  # far past what any candidate below serves
+    same = dataclasses.replace(rep, chains=tuple(reversed(rep.chains)))
+    assert not worth_replacing(rep, same, lam)
+
+    def scaled(f: float):
+        return dataclasses.replace(rep, chains=tuple(dataclasses.replace(ch, service_time_s=ch.service_time_s / f)
+                                                     for ch in rep.chains))
+
+    assert not worth_replacing(rep, scaled(1.05), lam)
+    assert worth_replacing(rep, scaled(1.2), lam)
+    assert worth_replacing(rep, scaled(20.0), lam)  # keeps up: a finite bound
+
+
 def test_many_changes_in_one_pass(composed):
     """A burst: three chain servers and one idle server gone, two newcomers, in one repair; untouched chains kept."""
     on_chain = sorted({j for ch in composed.chains for j in ch.servers})
