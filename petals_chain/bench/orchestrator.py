@@ -106,35 +106,43 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
-                      ca_file: str | None = None) -> dict[str, float]:
-    """`requests` lease+release round trips from `concurrency` workers; rate and latency percentiles."""
+                      ca_file: str | None = None, client: str = "protocol") -> dict[str, float]:
+    """`requests` lease+release round trips from `concurrency` workers; rate and latency percentiles, and the CPU
+    this driving process spent per round trip. ``client``: the protocol's own client (aiohttp), or the lean
+    generator of bench/raw_http.py (plain HTTP only)."""
     import aiohttp
     from tqdm import tqdm
 
+    from petals_chain.bench.raw_http import round_trips
     from petals_chain.protocol.http_client import OrchestratorClient
 
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency + 4)
     async with aiohttp.ClientSession(connector=connector) as session:
         oc = OrchestratorClient(url, session=session, ca_file=ca_file)
-        for _ in range(warmup):
-            lease = await oc.lease(timeout_s=30)
-            await oc.release(lease.lease_id)
         bar = tqdm(total=requests, desc=f"concurrency {concurrency}", leave=False)
-        remaining = [requests]
-
-        async def worker() -> None:
-            while remaining[0] > 0:
-                remaining[0] -= 1
-                t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        if client == "raw":
+            latencies, elapsed = await round_trips(url, concurrency, requests, warmup, lambda: bar.update(1))
+        else:
+            for _ in range(warmup):
                 lease = await oc.lease(timeout_s=30)
                 await oc.release(lease.lease_id)
-                latencies.append(time.perf_counter() - t0)
-                bar.update(1)
+            remaining = [requests]
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - t0
+            async def worker() -> None:
+                while remaining[0] > 0:
+                    remaining[0] -= 1
+                    t0 = time.perf_counter()
+                    lease = await oc.lease(timeout_s=30)
+                    await oc.release(lease.lease_id)
+                    latencies.append(time.perf_counter() - t0)
+                    bar.update(1)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            elapsed = time.perf_counter() - t0
+        driver_cpu_s = time.process_time() - cpu0
         bar.close()
         health = await oc.health()
     lat = np.array(latencies)
@@ -142,11 +150,13 @@ async def _http_level(url: str, concurrency: int, requests: int, warmup: int,
         raise RuntimeError(f"capacity not restored after the run: {health}")
     return {
         "concurrency": concurrency,
+        "client": client,
         "round_trips": len(lat),
         "round_trips_per_s": len(lat) / elapsed,
         "p50_ms": float(np.percentile(lat, 50) * 1e3),
         "p99_ms": float(np.percentile(lat, 99) * 1e3),
         "mean_ms": float(lat.mean() * 1e3),
+        "client_cpu_us_per_round_trip": driver_cpu_s / (requests + warmup) * 1e6,
     }
 
 
@@ -322,6 +332,10 @@ def run(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", nargs="+", choices=LOOPS, default=list(LOOPS),
                    help="the orchestrator's event loop: asyncio's, uvloop (the default since issue 26), or both "
                         "(old vs new, in turns)")
+    p.add_argument("--client", nargs="+", choices=("protocol", "raw"), default=["protocol"],
+                   help="the load generator: the protocol's own client (aiohttp, as clients use it), the lean one of "
+                        "bench/raw_http.py (a fraction of its CPU: measures the orchestrator, not the generator), "
+                        "or both in turns")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     p.add_argument("--no-tls", action="store_true", help="skip the HTTPS run")
     p.add_argument("--jffc-only", action="store_true",
@@ -360,33 +374,41 @@ def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
     modes = list(dict.fromkeys(args.persistence))
     loops = list(dict.fromkeys(args.loop))
     runs = [(mode, loop) for mode in modes for loop in loops]
+    clients = list(dict.fromkeys(args.client))
     with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
         urls, procs = _start_children(args, runs, Path(tmp))
         try:
             print("orch µs/rt: the orchestrator process's CPU (every thread) per lease + release; its rate on a core "
-                  "of its own would be about 1e6 / that")
-            print(f"{'persistence':>16} {'loop':>8} {'concurrency':>11} {'round trips/s':>14} {'p50 ms':>8} "
-                  f"{'p99 ms':>8} {'mean ms':>8} {'vs off':>7} {'orch µs/rt':>11}")
+                  "of its own would be about 1e6 / that. client µs/rt: the same for the driving process (the "
+                  "load generator, on the same cores)")
+            print(f"{'persistence':>16} {'loop':>8} {'client':>8} {'concurrency':>11} {'round trips/s':>14} "
+                  f"{'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'vs off':>7} {'orch µs/rt':>11} {'client µs/rt':>13}")
             warmup = min(50, args.requests)
             for c in args.concurrency:
-                off: dict[str, dict[str, float]] = {}
-                for mode, loop in runs:
-                    cpu0 = _cpu_s(procs[(mode, loop)].pid)
-                    r = asyncio.run(_http_level(urls[(mode, loop)], c, args.requests, warmup=warmup))
-                    r["orchestrator_cpu_us_per_round_trip"] = (
-                        (_cpu_s(procs[(mode, loop)].pid) - cpu0) / (args.requests + warmup) * 1e6)
-                    r["persistence"], r["loop"] = mode, loop
-                    if mode == "off":
-                        off[loop] = r
-                        if loop == loops[-1]:  # the loop the HTTPS run uses
-                            results["http"].append(r)
-                    ratio = off[loop]["round_trips_per_s"] / r["round_trips_per_s"] if loop in off else None
-                    r["cost_vs_off"] = ratio
-                    results["persistence"].append(r)
-                    print(f"{mode:>16} {loop:>8} {c:>11} {r['round_trips_per_s']:>14.0f} {r['p50_ms']:>8.2f} "
-                          f"{r['p99_ms']:>8.2f} {r['mean_ms']:>8.2f} "
-                          f"{'' if ratio is None else f'{ratio:.2f}x':>7} "
-                          f"{r['orchestrator_cpu_us_per_round_trip']:>11.0f}", flush=True)
+                off: dict[tuple[str, str], dict[str, float]] = {}
+                for client in clients:
+                    for mode, loop in runs:
+                        cpu0 = _cpu_s(procs[(mode, loop)].pid)
+                        level = _http_level(urls[(mode, loop)], c, args.requests, warmup=warmup, client=client)
+                        # the lean generator runs on uvloop, as a lean generator would; the protocol client on
+                        # asyncio's loop, as clients do (and as every earlier figure was measured)
+                        r = event_loop.run(level, "uvloop") if client == "raw" else asyncio.run(level)
+                        r["orchestrator_cpu_us_per_round_trip"] = (
+                            (_cpu_s(procs[(mode, loop)].pid) - cpu0) / (args.requests + warmup) * 1e6)
+                        r["persistence"], r["loop"] = mode, loop
+                        if mode == "off":
+                            off[(loop, client)] = r
+                            if loop == loops[-1] and client == clients[0]:  # the loop the HTTPS run uses
+                                results["http"].append(r)
+                        base = off.get((loop, client))
+                        ratio = base["round_trips_per_s"] / r["round_trips_per_s"] if base else None
+                        r["cost_vs_off"] = ratio
+                        results["persistence"].append(r)
+                        print(f"{mode:>16} {loop:>8} {client:>8} {c:>11} {r['round_trips_per_s']:>14.0f} "
+                              f"{r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['mean_ms']:>8.2f} "
+                              f"{'' if ratio is None else f'{ratio:.2f}x':>7} "
+                              f"{r['orchestrator_cpu_us_per_round_trip']:>11.0f} "
+                              f"{r['client_cpu_us_per_round_trip']:>13.0f}", flush=True)
         finally:
             for proc in procs.values():
                 proc.terminate()
@@ -394,8 +416,9 @@ def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if len(loops) == 2:
         for c in args.concurrency:
             for mode in modes:
-                a, b = (next(r for r in results["persistence"] if (r["persistence"], r["loop"], r["concurrency"])
-                             == (mode, loop, c)) for loop in loops)
+                a, b = (next(r for r in results["persistence"] if (r["persistence"], r["loop"], r["concurrency"],
+                                                                   r["client"]) == (mode, loop, c, clients[0]))
+                        for loop in loops)
                 print(f"{mode} at concurrency {c}: {loops[1]}/{loops[0]} round trips/s "
                       f"{b['round_trips_per_s'] / a['round_trips_per_s']:.2f}x, p99 "
                       f"{b['p99_ms'] / a['p99_ms']:.2f}x, orchestrator CPU per round trip "
@@ -403,7 +426,8 @@ def _http_runs(args: argparse.Namespace, results: dict[str, Any]) -> None:
     for r in results["persistence"]:
         if r["persistence"] != "off" and r["cost_vs_off"] is not None and r["concurrency"] == max(args.concurrency):
             verdict = "within" if r["cost_vs_off"] <= 2.0 else "OVER"
-            print(f"persistence {r['persistence']} ({r['loop']}) at concurrency {r['concurrency']}: "
+            print(f"persistence {r['persistence']} ({r['loop']}, {r['client']} client) at concurrency "
+                  f"{r['concurrency']}: "
                   f"{r['cost_vs_off']:.2f}x the time per round trip without it ({verdict} the 2x budget)")
     if not args.no_tls:
         with tempfile.TemporaryDirectory() as folder:

@@ -39,7 +39,7 @@ OURS = (("credentials (auth middleware, auth.py)", r"orchestrator/auth\.py|_auth
         ("lease bookkeeping (leases.py, migration.py, recent.py)", r"orchestrator/(leases|migration|recent)\.py"),
         ("handlers, lease_json, responses (api.py, core.py, protocol/replies.py)",
          r"orchestrator/(api|core|chains)\.py|protocol/replies\.py"),
-        ("other petals_chain code", r"petals_chain/(?!bench/)"))
+        ("other petals_chain code", r"petals_chain/(?!bench/|orchestrator/event_loop\.py)"))
 LIBRARIES = (("aiohttp HTTP server (parse, route, write)", r"aiohttp/"), ("asyncio event loop", r"asyncio/"))
 
 

@@ -679,12 +679,17 @@ def test_bench_smoke_restores_capacity_and_writes_figures(tmp_path: Path) -> Non
     from petals_chain.bench.orchestrator import run as bench_run
 
     out = tmp_path / "orch.json"
-    code = bench_run(["--chains", "20", "--concurrency", "3", "--requests", "30", "--pairs", "500", "--json", str(out)])
+    code = bench_run(["--chains", "20", "--concurrency", "3", "--requests", "30", "--pairs", "500", "--json", str(out),
+                      "--client", "protocol", "raw"])
     data = json.loads(out.read_text())
     assert code == 0 and data["chains"] == 20
     assert [r["round_trips"] for r in data["http"]] == [30]
     assert data["http"][0]["p99_ms"] >= data["http"][0]["p50_ms"] > 0
-    runs = {(r["persistence"], r["loop"]) for r in data["persistence"]}
-    assert {("off", "asyncio"), ("off", "uvloop")} <= runs  # old loop and new, in the same run
-    assert all(r["orchestrator_cpu_us_per_round_trip"] > 0 for r in data["persistence"])
+    runs = {(r["persistence"], r["loop"], r["client"]) for r in data["persistence"]}
+    # old loop and new, the protocol's client and the lean generator, in the same run
+    assert {("off", "asyncio", "protocol"), ("off", "uvloop", "protocol"), ("off", "uvloop", "raw"),
+            ("normal", "uvloop", "raw")} <= runs
+    assert all(r["round_trips"] == 30 for r in data["persistence"])  # every round trip of the lean one answered 200
+    assert all(r["orchestrator_cpu_us_per_round_trip"] > 0 and r["client_cpu_us_per_round_trip"] > 0
+               for r in data["persistence"])
     assert data["jffc"]["free_us"] > 0 and data["jffc"]["saturated_us"] > 0
