@@ -11,10 +11,10 @@ from petals_chain.bench.orchestrator_profile import report, split
 DRIVER = 'process 10:"python -m petals_chain.bench orchestrator"'
 CHILD = ('process 11:"python -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=7) '
          '--multiprocessing-fork"')
-LOOP = ("_serve_child (petals_chain/bench/orchestrator.py:96);BaseEventLoop.run_forever (asyncio/base_events.py:607);"
+LOOP = ("_serve_child (petals_chain/bench/orchestrator.py:96);run (petals_chain/orchestrator/event_loop.py:29);"
+        "BaseEventLoop.run_forever (asyncio/base_events.py:607);"
         "BaseEventLoop._run_once (asyncio/base_events.py:1922);Handle._run (asyncio/events.py:80)")
-MIDDLEWARES = ("_error_middleware.<locals>.middleware (petals_chain/orchestrator/api.py:103);"
-               "_auth_middleware.<locals>.middleware (petals_chain/orchestrator/api.py:177)")
+MIDDLEWARES = "_api_middleware.<locals>.middleware (petals_chain/orchestrator/api.py:143)"
 
 
 def _sample(frames: str, n: int, thread: str = "MainThread", proc: str = CHILD) -> str:
@@ -26,7 +26,9 @@ def test_profile_split_counts_each_sample_for_its_innermost_item(capsys: pytest.
         _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/api.py:356);"
                 "Orchestrator.lease_json (petals_chain/orchestrator/core.py:273);dumps (json/__init__.py:231);"
                 "JSONEncoder.iterencode (json/encoder.py:258)", 5),
-        _sample(f"{LOOP};{MIDDLEWARES};Guard.authorize (petals_chain/orchestrator/auth.py:306)", 3),
+        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/api.py:170)", 1),
+        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/api.py:170);"
+                "Guard.authorize (petals_chain/orchestrator/auth.py:306)", 2),
         _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/api.py:356);"
                 "LeaseManager.acquire (petals_chain/orchestrator/leases.py:300);"
                 "JFFC.on_arrival (petals_chain/dispatch/jffc.py:47)", 2),
