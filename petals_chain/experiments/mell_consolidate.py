@@ -2,14 +2,21 @@
 every output identical (docs/migration.md, "Consolidation").
 
 Three servers each hold the whole model (SmolLM2-135M when prepared), so every chain is one server with ``c`` slots.
-One Poisson replay with random output lengths runs twice on the same swarm: the orchestrator packs sessions by worst
-fit (``POST /migrations {"policy": "worst-fit"}``, never moving one), then by Mell's scheduler (``"mell"``: a server
-that loses a session takes one from the most recently opened server, which can then be released). A server is
-counted as used while any session holds its cache (during a move, both servers).
+Each replication draws a Poisson replay with random output lengths and runs it twice on the same swarm: the
+orchestrator packs sessions by worst fit (``POST /migrations {"policy": "worst-fit"}``, never moving one), and by
+Mell's scheduler (``"mell"``: a server that loses a session takes one from the most recently opened server, which
+can then be released), in alternating order from one replication to the next. A server is counted as used while
+any session holds its cache (during a move, both servers). The comparison is paired by replication (the same
+arrivals, prompts and lengths under both packers): the mean saving with its 95 % interval, or, where the interval
+includes zero, the saving the run could have detected (experiments/paired.py). A full run keeps each finished
+replication in its checkpoint (.cache/experiments) and resumes from it; each records the machine's load average.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 from collections import Counter
 
 import tempfile
@@ -19,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import Summary, plt, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
 from petals_chain.experiments.migration_live import (
+    Request,
     SpeedSwarm,
     model_dir,
     poisson_arrivals,
@@ -28,53 +36,99 @@ from petals_chain.experiments.migration_live import (
     replay,
     server_seconds,
 )
+from petals_chain.experiments.paired import paired
 from petals_chain.loopback.swarm import ServerPlan
 
 NAME = "mell-consolidate"
 BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 POLICIES = (("worst-fit", "worst fit"), ("mell", "Mell"))
 LOAD = 0.8  # of the swarm's capacity as the orchestrator measured it
+REPLICATIONS = 6  # full run: paired replications (about 9 minutes each here)
 
 
 def run(args: Any) -> Summary:
-    """Start the swarm, replay under worst fit then Mell, write CSV + PNG, return the summary."""
+    """Start the swarm, run every replication not yet in the checkpoint (both packers on one replay each), write
+    CSV + PNG, return the summary."""
     quick = bool(args.quick)
     n, lo, hi = (12, 8, 64) if quick else (30, 8, 96)
-    rng = np.random.default_rng(args.seed)
-    with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
-        mdir, mname = model_dir(quick, Path(tmp))
-        plans = [ServerPlan(f"g{i}", BUDGET) for i in range(3)]
-        sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
-                        arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
-                        job_output_tokens=(lo + hi) // 2, job_input_tokens=8)
-        with sw:
-            print(f"[{NAME}] starting the swarm ({mname}, three whole-model servers)", flush=True)
-            sw.start(timeout_s=600)
-            chains = sw.get("/chains")["chains"]
-            service_s = float(np.mean([c["service_time_s"] for c in chains]))
-            rate = LOAD * sum(c["capacity"] for c in chains) / service_s
-            arrivals = poisson_arrivals(n, rate, rng)
-            new_tokens = rng.integers(lo, hi + 1, n).tolist()
-            from petals_chain import AutoDistributedModelForCausalLM
+    reps = 1 if quick else REPLICATIONS
+    ckpt = checkpoint_path(NAME, args)
+    done = _load(ckpt)
+    missing = [i for i in range(reps) if i not in done]
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
+            mdir, mname = model_dir(quick, Path(tmp))
+            plans = [ServerPlan(f"g{i}", BUDGET) for i in range(3)]
+            sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
+                            arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
+                            job_output_tokens=(lo + hi) // 2, job_input_tokens=8)
+            with sw:
+                print(f"[{NAME}] starting the swarm ({mname}, three whole-model servers)", flush=True)
+                sw.start(timeout_s=600)
+                from petals_chain import AutoDistributedModelForCausalLM
 
-            model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
-                                                                   lease_timeout_s=600.0, lease_ttl_s=30.0)
-            prompts = prompts_for(n, int(model.config.vocab_size), rng)
-            runs: dict[str, list] = {}
-            stats: dict[str, dict] = {}
-            try:
-                for policy, _ in POLICIES:
-                    before = sw.set_policy(policy)
-                    print(f"[{NAME}] replay of {n} requests at {rate:.3f}/s packed by {policy}", flush=True)
-                    t0 = time.monotonic()
-                    runs[policy] = replay(model, policy, arrivals, prompts, new_tokens, 128, 600.0)
-                    after = sw.get("/migrations")
-                    stats[policy] = {k: after[k] - before[k] for k in ("offered", "completed", "failed", "dropped")}
-                    print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
-                    _wait_idle(sw)
-            finally:
-                model.orchestrator.close()
-    return _summarize(runs, stats, chains, rate, mname, n, (lo, hi), args)
+                model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
+                                                                       lease_timeout_s=600.0, lease_ttl_s=30.0)
+                try:
+                    for rep in missing:
+                        done[rep] = _replication(sw, model, rep, n, (lo, hi), mname, args.seed)
+                        if ckpt is not None:
+                            ckpt.parent.mkdir(parents=True, exist_ok=True)
+                            with ckpt.open("a") as fh:
+                                fh.write(json.dumps(_to_json(done[rep])) + "\n")
+                finally:
+                    model.orchestrator.close()
+    return _summarize([done[i] for i in range(reps)], n, (lo, hi), args)
+
+
+def _replication(sw: SpeedSwarm, model: Any, rep: int, n: int, lengths: tuple[int, int], mname: str,
+                 seed: int) -> dict[str, Any]:
+    """One replay (its own arrivals, prompts and lengths) under both packers, in the order the replication's parity
+    gives; the requests, the orchestrator's move counts, the measured chains and the load average."""
+    rng = np.random.default_rng([seed, rep])
+    chains = sw.get("/chains")["chains"]
+    service_s = float(np.mean([c["service_time_s"] for c in chains]))
+    rate = LOAD * sum(c["capacity"] for c in chains) / service_s
+    arrivals = poisson_arrivals(n, rate, rng)
+    new_tokens = rng.integers(lengths[0], lengths[1] + 1, n).tolist()
+    prompts = prompts_for(n, int(model.config.vocab_size), rng)
+    order = [p for p, _ in POLICIES] if rep % 2 == 0 else [p for p, _ in reversed(POLICIES)]
+    runs: dict[str, list[Request]] = {}
+    stats: dict[str, dict] = {}
+    load_before = os.getloadavg()
+    for policy in order:
+        before = sw.set_policy(policy)
+        print(f"[{NAME}] replication {rep}: {n} requests at {rate:.3f}/s packed by {policy}", flush=True)
+        t0 = time.monotonic()
+        runs[policy] = replay(model, policy, arrivals, prompts, new_tokens, 128, 600.0)
+        after = sw.get("/migrations")
+        stats[policy] = {k: after[k] - before[k] for k in ("offered", "completed", "failed", "dropped")}
+        print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
+        _wait_idle(sw)
+    return {"rep": rep, "model": mname, "rate": rate, "chains": [{"chain_id": c["chain_id"],
+                                                                  "capacity": c["capacity"],
+                                                                  "service_time_s": c["service_time_s"]}
+                                                                 for c in chains],
+            "order": order, "runs": runs, "stats": stats, "load": [load_before, os.getloadavg()]}
+
+
+def _to_json(rep: dict[str, Any]) -> dict[str, Any]:
+    """A replication as a checkpoint line."""
+    return {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}}
+
+
+def _load(path: Path | None) -> dict[int, dict[str, Any]]:
+    """The replications a checkpoint holds (none without one)."""
+    if path is None or not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        d["runs"] = {p: [Request(**{**r, "move_modes": tuple(r["move_modes"]), "tokens": tuple(r["tokens"]),
+                                    "segments": tuple(tuple(s) for s in r["segments"])}) for r in rs]
+                     for p, rs in d["runs"].items()}
+        out[int(d["rep"])] = d
+    return out
 
 
 def _wait_idle(sw: SpeedSwarm, timeout_s: float = 120.0) -> None:
@@ -90,49 +144,62 @@ def _modes(reqs: list) -> str:
     return ", ".join(f"{mode} {n}" for mode, n in sorted(counts.items())) or "none"
 
 
-def _summarize(runs: dict[str, list], stats: dict[str, dict], chains: list[dict], rate: float, mname: str, n: int,
-               lengths: tuple[int, int], args: Any) -> Summary:
-    """Server-seconds per policy, moves, the identity check; CSV + PNG."""
+def _summarize(reps: list[dict[str, Any]], n: int, lengths: tuple[int, int], args: Any) -> Summary:
+    """Server-seconds per packer and replication, the paired saving, moves, the identity check; CSV + PNG."""
     out: Path = args.out
-    wf, mell = runs["worst-fit"], runs["mell"]
-    errors = [r.error for r in wf + mell if r.error]
-    identical = all(a.tokens == b.tokens for a, b in zip(wf, mell)) and not errors
-    used = {p: server_seconds(rs) for p, rs in runs.items()}
-    total = {p: sum(u.values()) for p, u in used.items()}
-    span = {p: max((r.end_s for r in rs if not r.error), default=float("nan")) for p, rs in runs.items()}
-    resp = {p: float(np.mean([r.response_s for r in rs if not r.error])) for p, rs in runs.items()}
-    rows = []
-    for p, rs in runs.items():
-        for r in rs:
-            row = r.row()
-            row["chains"] = " ".join(f"{c}:{a:.2f}-{b:.2f}" for c, a, b in r.segments)
-            rows.append(row)
+    rows, per_rep, errors, identical = [], [], [], True
+    for rep in reps:
+        wf, mell = rep["runs"]["worst-fit"], rep["runs"]["mell"]
+        errors += [r.error for r in wf + mell if r.error]
+        identical &= all(a.tokens == b.tokens for a, b in zip(wf, mell))
+        used = {p: sum(server_seconds(rs).values()) for p, rs in rep["runs"].items()}
+        resp = {p: float(np.mean([r.response_s for r in rs if not r.error])) for p, rs in rep["runs"].items()}
+        per_rep.append({"rep": rep["rep"], "used": used, "resp": resp, "rate": rep["rate"], "load": rep["load"],
+                        "moves": rep["stats"]["mell"]["completed"]})
+        for p, rs in rep["runs"].items():
+            for r in rs:
+                row = {"rep": rep["rep"], **r.row()}
+                row["chains"] = " ".join(f"{c}:{a:.2f}-{b:.2f}" for c, a, b in r.segments)
+                rows.append(row)
+    identical &= not errors
     write_csv(out / f"{NAME}.csv", rows)
-    _plot(out / f"{NAME}.png", runs, used)
-    saving = 1.0 - total["mell"] / total["worst-fit"]
+    _plot(out / f"{NAME}.png", reps[0]["runs"], per_rep)
+    saving = paired([100 * (1 - r["used"]["mell"] / r["used"]["worst-fit"]) for r in per_rep])
+    seconds = paired([r["used"]["worst-fit"] - r["used"]["mell"] for r in per_rep])
+    slower = paired([r["resp"]["mell"] - r["resp"]["worst-fit"] for r in per_rep])
+    total = {p: float(np.mean([r["used"][p] for r in per_rep])) for p, _ in POLICIES}
+    stats = {p: {k: sum(rep["stats"][p][k] for rep in reps) for k in ("completed", "failed", "dropped")}
+             for p, _ in POLICIES}
+    loads = [r["load"][0][0] for r in per_rep]
+    chains = reps[0]["chains"]
+    mell_reqs = [r for rep in reps for r in rep["runs"]["mell"]]
     lines = [
-        f"{mname}, three whole-model servers, {len(chains)} chains of {chains[0]['capacity']} slots each; {n} Poisson "
-        f"arrivals at {rate:.3f}/s, {lengths[0]}-{lengths[1]} new tokens each (uniform), the same arrivals, prompts "
-        "and lengths under both packers",
-        f"server-seconds used (a server counts while any session holds its cache): worst fit {total['worst-fit']:.1f} "
-        f"s, Mell {total['mell']:.1f} s ({100 * abs(saving):.1f} % {'less' if saving >= 0 else 'more'}) over "
-        f"replays of {span['worst-fit']:.1f} s and {span['mell']:.1f} s",
+        f"{reps[0]['model']}, three whole-model servers, {len(chains)} chains of {chains[0]['capacity']} slots each; "
+        f"{len(reps)} replication{'s' if len(reps) > 1 else ''} of {n} Poisson arrivals at "
+        f"{min(r['rate'] for r in per_rep):.3f}–{max(r['rate'] for r in per_rep):.3f}/s (load {LOAD} of the "
+        f"measured capacity), {lengths[0]}-{lengths[1]} new tokens each (uniform); in each, the same arrivals, "
+        "prompts and lengths under both packers, their order alternating",
+        f"server-seconds used per replication (a server counts while any session holds its cache): worst fit "
+        f"{total['worst-fit']:.1f} s, Mell {total['mell']:.1f} s on average",
+        f"Mell's saving, paired by replication: {saving.text(' %')}; in server-seconds {seconds.text(' s')}",
+        f"Mell's mean response minus worst fit's, paired: {slower.text(' s', 2)} (moves: {_modes(mell_reqs)})",
         f"moves: Mell {stats['mell']['completed']} completed ({stats['mell']['failed']} failed, "
         f"{stats['mell']['dropped']} dropped), worst fit {stats['worst-fit']['completed']}",
-        f"mean response: worst fit {resp['worst-fit']:.2f} s, Mell {resp['mell']:.2f} s (moves: {_modes(mell)})",
-        f"outputs identical under both packers: {identical}; errors: {len(errors)}",
+        f"outputs identical under both packers: {identical}; errors: {len(errors)}; load average (1 min) at the "
+        f"replications' starts {min(loads):.2f}–{max(loads):.2f}",
     ]
     return Summary(NAME, "Consolidation by Mell on a live swarm: server-seconds against worst fit",
                    f"python -m petals_chain.experiments {NAME}{' --quick' if args.quick else ''} --seed {args.seed}",
                    lines, paper=["Mell (simulated GPU clusters): up to 31 % fewer GPUs than worst fit"],
-                   data={"server_seconds": total, "per_server": used, "moves": stats, "identical": identical,
-                         "errors": errors[:5]})
+                   data={"replications": per_rep, "saving_percent": dataclasses.asdict(saving),
+                         "moves": stats, "identical": identical, "errors": errors[:5]})
 
 
-def _plot(path: Path, runs: dict[str, list], used: dict[str, dict[str, float]]) -> None:
-    """Servers in use over time under each packer (a step function from the sessions' busy segments)."""
+def _plot(path: Path, runs: dict[str, list], per_rep: list[dict[str, Any]]) -> None:
+    """Left: servers in use over time under each packer in the first replication (a step function from the
+    sessions' busy segments). Right: each replication's server-seconds under both packers, joined by a line."""
     pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.4, 4.0))
+    fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(10.0, 4.0), gridspec_kw={"width_ratios": [3, 2]})
     for policy, label in POLICIES:
         edges: list[tuple[float, int]] = []
         by_chain: dict[str, list[tuple[float, float]]] = {}
@@ -148,11 +215,17 @@ def _plot(path: Path, runs: dict[str, list], used: dict[str, dict[str, float]]) 
         for when, d in edges:
             t.append(when)
             y.append(y[-1] + d)
-        ax.step(t, y, where="post", label=f"{label} ({sum(used[policy].values()):.1f} server-s)")
+        ax.step(t, y, where="post", label=f"{label} ({per_rep[0]['used'][policy]:.1f} server-s)")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("servers holding a session")
-    ax.set_title("Live replay: servers in use, worst fit vs Mell")
-    ax.legend()
+    ax.set_title(f"Replication {per_rep[0]['rep']}: servers in use")
+    ax.legend(loc="lower center")
+    for r in per_rep:
+        bx.plot([0, 1], [r["used"]["worst-fit"], r["used"]["mell"]], "o-", color="0.4")
+    bx.set_xticks([0, 1], [label for _, label in POLICIES])
+    bx.set_xlim(-0.4, 1.4)
+    bx.set_ylabel("server-seconds used")
+    bx.set_title(f"Each replication, paired (n = {len(per_rep)})")
     fig.tight_layout()
     fig.savefig(path)
     pyplot.close(fig)
