@@ -2,14 +2,15 @@
 every output identical (docs/migration.md, "Consolidation").
 
 Three servers each hold the whole model (SmolLM2-135M when prepared), so every chain is one server with ``c`` slots.
-Each replication draws a Poisson replay with random output lengths and runs it twice on the same swarm: the
-orchestrator packs sessions by worst fit (``POST /migrations {"policy": "worst-fit"}``, never moving one), and by
-Mell's scheduler (``"mell"``: a server that loses a session takes one from the most recently opened server, which
-can then be released), in alternating order from one replication to the next. A server is counted as used while
-any session holds its cache (during a move, both servers). The comparison is paired by replication (the same
-arrivals, prompts and lengths under both packers): the mean saving with its 95 % interval, or, where the interval
-includes zero, the saving the run could have detected (experiments/paired.py). A full run keeps each finished
-replication in its checkpoint (.cache/experiments) and resumes from it; each records the machine's load average.
+At each load (a fraction of the swarm's measured capacity), each replication draws a Poisson replay with random
+output lengths and runs it twice on the same swarm: the orchestrator packs sessions by worst fit (``POST
+/migrations {"policy": "worst-fit"}``, never moving one), and by Mell's scheduler (``"mell"``: a server that loses
+a session takes one from the most recently opened server, which can then be released), in alternating order from
+one replication to the next. A server is counted as used while any session holds its cache (during a move, both
+servers). The comparison is paired by replication (the same arrivals, prompts and lengths under both packers): the
+mean saving with its 95 % interval, or, where the interval includes zero, the saving the run could have detected
+(experiments/paired.py). A full run keeps each finished replication in its checkpoint (.cache/experiments) and
+resumes from it; each records the machine's load average.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ from petals_chain.loopback.swarm import ServerPlan
 NAME = "mell-consolidate"
 BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 POLICIES = (("worst-fit", "worst fit"), ("mell", "Mell"))
-LOAD = 0.8  # of the swarm's capacity as the orchestrator measured it
-REPLICATIONS = 6  # full run: paired replications (about 9 minutes each here)
+# Loads as fractions of the swarm's capacity as the orchestrator measured it: at 0.8 the three servers are nearly
+# always all needed, at 0.4 packing can empty one. Replication i draws the same uniforms at every load (its arrival
+# times scale with the rate): common random numbers across loads.
+LOADS = (0.8, 0.4)
+REPLICATIONS = 8  # full run: paired replications per load (2-3 minutes each here)
 
 
 def run(args: Any) -> Summary:
@@ -52,9 +56,10 @@ def run(args: Any) -> Summary:
     quick = bool(args.quick)
     n, lo, hi = (12, 8, 64) if quick else (30, 8, 96)
     reps = 1 if quick else REPLICATIONS
+    loads = LOADS[:1] if quick else LOADS
     ckpt = checkpoint_path(NAME, args)
     done = _load(ckpt)
-    missing = [i for i in range(reps) if i not in done]
+    missing = [(load, i) for load in loads for i in range(reps) if (load, i) not in done]
     if missing:
         with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
             mdir, mname = model_dir(quick, Path(tmp))
@@ -70,25 +75,26 @@ def run(args: Any) -> Summary:
                 model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
                                                                        lease_timeout_s=600.0, lease_ttl_s=30.0)
                 try:
-                    for rep in missing:
-                        done[rep] = _replication(sw, model, rep, n, (lo, hi), mname, args.seed)
+                    for load, rep in missing:
+                        done[(load, rep)] = _replication(sw, model, load, rep, n, (lo, hi), mname, args.seed)
                         if ckpt is not None:
                             ckpt.parent.mkdir(parents=True, exist_ok=True)
                             with ckpt.open("a") as fh:
-                                fh.write(json.dumps(_to_json(done[rep])) + "\n")
+                                fh.write(json.dumps(_to_json(done[(load, rep)])) + "\n")
                 finally:
                     model.orchestrator.close()
-    return _summarize([done[i] for i in range(reps)], n, (lo, hi), args)
+    return _summarize({load: [done[(load, i)] for i in range(reps)] for load in loads}, n, (lo, hi), args)
 
 
-def _replication(sw: SpeedSwarm, model: Any, rep: int, n: int, lengths: tuple[int, int], mname: str,
+def _replication(sw: SpeedSwarm, model: Any, load: float, rep: int, n: int, lengths: tuple[int, int], mname: str,
                  seed: int) -> dict[str, Any]:
-    """One replay (its own arrivals, prompts and lengths) under both packers, in the order the replication's parity
-    gives; the requests, the orchestrator's move counts, the measured chains and the load average."""
+    """One replay at ``load`` (its own arrivals, prompts and lengths) under both packers, in the order the
+    replication's parity gives; the requests, the orchestrator's move counts, the measured chains and the machine's
+    load average before and after."""
     rng = np.random.default_rng([seed, rep])
     chains = sw.get("/chains")["chains"]
     service_s = float(np.mean([c["service_time_s"] for c in chains]))
-    rate = LOAD * sum(c["capacity"] for c in chains) / service_s
+    rate = load * sum(c["capacity"] for c in chains) / service_s
     arrivals = poisson_arrivals(n, rate, rng)
     new_tokens = rng.integers(lengths[0], lengths[1] + 1, n).tolist()
     prompts = prompts_for(n, int(model.config.vocab_size), rng)
@@ -98,18 +104,18 @@ def _replication(sw: SpeedSwarm, model: Any, rep: int, n: int, lengths: tuple[in
     load_before = os.getloadavg()
     for policy in order:
         before = sw.set_policy(policy)
-        print(f"[{NAME}] replication {rep}: {n} requests at {rate:.3f}/s packed by {policy}", flush=True)
+        print(f"[{NAME}] load {load}, replication {rep}: {n} requests at {rate:.3f}/s packed by {policy}", flush=True)
         t0 = time.monotonic()
         runs[policy] = replay(model, policy, arrivals, prompts, new_tokens, 128, 600.0)
         after = sw.get("/migrations")
         stats[policy] = {k: after[k] - before[k] for k in ("offered", "completed", "failed", "dropped")}
         print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
         _wait_idle(sw)
-    return {"rep": rep, "model": mname, "rate": rate, "chains": [{"chain_id": c["chain_id"],
+    return {"load_fraction": load, "rep": rep, "model": mname, "rate": rate, "chains": [{"chain_id": c["chain_id"],
                                                                   "capacity": c["capacity"],
                                                                   "service_time_s": c["service_time_s"]}
                                                                  for c in chains],
-            "order": order, "runs": runs, "stats": stats, "load": [load_before, os.getloadavg()]}
+            "order": order, "runs": runs, "stats": stats, "loadavg": [load_before, os.getloadavg()]}
 
 
 def _to_json(rep: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +123,7 @@ def _to_json(rep: dict[str, Any]) -> dict[str, Any]:
     return {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}}
 
 
-def _load(path: Path | None) -> dict[int, dict[str, Any]]:
+def _load(path: Path | None) -> dict[tuple[float, int], dict[str, Any]]:
     """The replications a checkpoint holds (none without one)."""
     if path is None or not path.is_file():
         return {}
@@ -127,7 +133,7 @@ def _load(path: Path | None) -> dict[int, dict[str, Any]]:
         d["runs"] = {p: [Request(**{**r, "move_modes": tuple(r["move_modes"]), "tokens": tuple(r["tokens"]),
                                     "segments": tuple(tuple(s) for s in r["segments"])}) for r in rs]
                      for p, rs in d["runs"].items()}
-        out[int(d["rep"])] = d
+        out[(float(d["load_fraction"]), int(d["rep"]))] = d
     return out
 
 
@@ -144,60 +150,75 @@ def _modes(reqs: list) -> str:
     return ", ".join(f"{mode} {n}" for mode, n in sorted(counts.items())) or "none"
 
 
-def _summarize(reps: list[dict[str, Any]], n: int, lengths: tuple[int, int], args: Any) -> Summary:
-    """Server-seconds per packer and replication, the paired saving, moves, the identity check; CSV + PNG."""
+def _summarize(by_load: dict[float, list[dict[str, Any]]], n: int, lengths: tuple[int, int], args: Any) -> Summary:
+    """Per load: server-seconds per packer and replication, the paired saving, the paired response difference;
+    moves and the identity check over all; CSV + PNG."""
     out: Path = args.out
-    rows, per_rep, errors, identical = [], [], [], True
-    for rep in reps:
-        wf, mell = rep["runs"]["worst-fit"], rep["runs"]["mell"]
-        errors += [r.error for r in wf + mell if r.error]
-        identical &= all(a.tokens == b.tokens for a, b in zip(wf, mell))
-        used = {p: sum(server_seconds(rs).values()) for p, rs in rep["runs"].items()}
-        resp = {p: float(np.mean([r.response_s for r in rs if not r.error])) for p, rs in rep["runs"].items()}
-        per_rep.append({"rep": rep["rep"], "used": used, "resp": resp, "rate": rep["rate"], "load": rep["load"],
-                        "moves": rep["stats"]["mell"]["completed"]})
-        for p, rs in rep["runs"].items():
-            for r in rs:
-                row = {"rep": rep["rep"], **r.row()}
-                row["chains"] = " ".join(f"{c}:{a:.2f}-{b:.2f}" for c, a, b in r.segments)
-                rows.append(row)
+    rows, errors, identical = [], [], True
+    per_load: dict[float, list[dict[str, Any]]] = {}
+    for load, reps in by_load.items():
+        per_load[load] = []
+        for rep in reps:
+            wf, mell = rep["runs"]["worst-fit"], rep["runs"]["mell"]
+            errors += [r.error for r in wf + mell if r.error]
+            identical &= all(a.tokens == b.tokens for a, b in zip(wf, mell))
+            used = {p: sum(server_seconds(rs).values()) for p, rs in rep["runs"].items()}
+            resp = {p: float(np.mean([r.response_s for r in rs if not r.error])) for p, rs in rep["runs"].items()}
+            per_load[load].append({"rep": rep["rep"], "used": used, "resp": resp, "rate": rep["rate"],
+                                   "loadavg": rep["loadavg"], "moves": rep["stats"]["mell"]["completed"]})
+            for p, rs in rep["runs"].items():
+                for r in rs:
+                    row = {"load": load, "rep": rep["rep"], **r.row()}
+                    row["chains"] = " ".join(f"{c}:{a:.2f}-{b:.2f}" for c, a, b in r.segments)
+                    rows.append(row)
     identical &= not errors
     write_csv(out / f"{NAME}.csv", rows)
-    _plot(out / f"{NAME}.png", reps[0]["runs"], per_rep)
-    saving = paired([100 * (1 - r["used"]["mell"] / r["used"]["worst-fit"]) for r in per_rep])
-    seconds = paired([r["used"]["worst-fit"] - r["used"]["mell"] for r in per_rep])
-    slower = paired([r["resp"]["mell"] - r["resp"]["worst-fit"] for r in per_rep])
-    total = {p: float(np.mean([r["used"][p] for r in per_rep])) for p, _ in POLICIES}
-    stats = {p: {k: sum(rep["stats"][p][k] for rep in reps) for k in ("completed", "failed", "dropped")}
-             for p, _ in POLICIES}
-    loads = [r["load"][0][0] for r in per_rep]
-    chains = reps[0]["chains"]
-    mell_reqs = [r for rep in reps for r in rep["runs"]["mell"]]
+    low = min(by_load)
+    _plot(out / f"{NAME}.png", by_load[low][0]["runs"], low, per_load)
+    everything = [rep for reps in by_load.values() for rep in reps]
+    chains = everything[0]["chains"]
+    nreps = {len(reps) for reps in by_load.values()}
     lines = [
-        f"{reps[0]['model']}, three whole-model servers, {len(chains)} chains of {chains[0]['capacity']} slots each; "
-        f"{len(reps)} replication{'s' if len(reps) > 1 else ''} of {n} Poisson arrivals at "
-        f"{min(r['rate'] for r in per_rep):.3f}–{max(r['rate'] for r in per_rep):.3f}/s (load {LOAD} of the "
-        f"measured capacity), {lengths[0]}-{lengths[1]} new tokens each (uniform); in each, the same arrivals, "
-        "prompts and lengths under both packers, their order alternating",
-        f"server-seconds used per replication (a server counts while any session holds its cache): worst fit "
-        f"{total['worst-fit']:.1f} s, Mell {total['mell']:.1f} s on average",
-        f"Mell's saving, paired by replication: {saving.text(' %')}; in server-seconds {seconds.text(' s')}",
-        f"Mell's mean response minus worst fit's, paired: {slower.text(' s', 2)} (moves: {_modes(mell_reqs)})",
-        f"moves: Mell {stats['mell']['completed']} completed ({stats['mell']['failed']} failed, "
-        f"{stats['mell']['dropped']} dropped), worst fit {stats['worst-fit']['completed']}",
-        f"outputs identical under both packers: {identical}; errors: {len(errors)}; load average (1 min) at the "
-        f"replications' starts {min(loads):.2f}–{max(loads):.2f}",
+        f"{everything[0]['model']}, three whole-model servers, {len(chains)} chains of {chains[0]['capacity']} slots "
+        f"each; at each load, {'/'.join(map(str, sorted(nreps)))} replication{'s' if max(nreps) > 1 else ''} of {n} "
+        f"Poisson arrivals, {lengths[0]}-{lengths[1]} new tokens each (uniform); in each, the same arrivals, prompts "
+        "and lengths under both packers, their order alternating",
     ]
+    data: dict[str, Any] = {}
+    for load, reps in per_load.items():
+        saving = paired([100 * (1 - r["used"]["mell"] / r["used"]["worst-fit"]) for r in reps])
+        seconds = paired([r["used"]["worst-fit"] - r["used"]["mell"] for r in reps])
+        slower = paired([r["resp"]["mell"] - r["resp"]["worst-fit"] for r in reps])
+        total = {p: float(np.mean([r["used"][p] for r in reps])) for p, _ in POLICIES}
+        lines += [
+            f"load {load} ({reps[0]['rate']:.3f} arrivals/s): server-seconds used per replication (a server counts "
+            f"while any session holds its cache): worst fit {total['worst-fit']:.1f} s, Mell {total['mell']:.1f} s "
+            f"on average; Mell's saving, paired by replication: {saving.text(' %')}",
+            f"load {load}: Mell's mean response minus worst fit's, paired: {slower.text(' s', 2)}; moves "
+            f"{sum(r['moves'] for r in reps)}",
+        ]
+        data[str(load)] = {"replications": reps, "saving_percent": dataclasses.asdict(saving),
+                           "saving_s": dataclasses.asdict(seconds), "response_s": dataclasses.asdict(slower)}
+    stats = {p: {k: sum(rep["stats"][p][k] for rep in everything) for k in ("completed", "failed", "dropped")}
+             for p, _ in POLICIES}
+    loadavg = [r["loadavg"][0][0] for reps in per_load.values() for r in reps]
+    mell_reqs = [r for rep in everything for r in rep["runs"]["mell"]]
+    lines += [
+        f"moves: Mell {stats['mell']['completed']} completed ({_modes(mell_reqs)}; {stats['mell']['failed']} failed, "
+        f"{stats['mell']['dropped']} dropped), worst fit {stats['worst-fit']['completed']}",
+        f"outputs identical under both packers: {identical}; errors: {len(errors)}; machine load average (1 min) at "
+        f"the replications' starts {min(loadavg):.2f}–{max(loadavg):.2f} (the swarm's own processes on 2 cores)",
+    ]
+    data.update({"moves": stats, "identical": identical, "errors": errors[:5]})
     return Summary(NAME, "Consolidation by Mell on a live swarm: server-seconds against worst fit",
                    f"python -m petals_chain.experiments {NAME}{' --quick' if args.quick else ''} --seed {args.seed}",
-                   lines, paper=["Mell (simulated GPU clusters): up to 31 % fewer GPUs than worst fit"],
-                   data={"replications": per_rep, "saving_percent": dataclasses.asdict(saving),
-                         "moves": stats, "identical": identical, "errors": errors[:5]})
+                   lines, paper=["Mell (simulated GPU clusters): up to 31 % fewer GPUs than worst fit"], data=data)
 
 
-def _plot(path: Path, runs: dict[str, list], per_rep: list[dict[str, Any]]) -> None:
-    """Left: servers in use over time under each packer in the first replication (a step function from the
-    sessions' busy segments). Right: each replication's server-seconds under both packers, joined by a line."""
+def _plot(path: Path, runs: dict[str, list], load: float, per_load: dict[float, list[dict[str, Any]]]) -> None:
+    """Left: servers in use over time under each packer in the first replication at ``load`` (a step function from
+    the sessions' busy segments). Right: each replication's server-seconds under both packers, joined by a line,
+    one colour per load."""
     pyplot = plt()
     fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(10.0, 4.0), gridspec_kw={"width_ratios": [3, 2]})
     for policy, label in POLICIES:
@@ -215,17 +236,20 @@ def _plot(path: Path, runs: dict[str, list], per_rep: list[dict[str, Any]]) -> N
         for when, d in edges:
             t.append(when)
             y.append(y[-1] + d)
-        ax.step(t, y, where="post", label=f"{label} ({per_rep[0]['used'][policy]:.1f} server-s)")
+        ax.step(t, y, where="post", label=f"{label} ({per_load[load][0]['used'][policy]:.1f} server-s)")
     ax.set_xlabel("time (s)")
     ax.set_ylabel("servers holding a session")
-    ax.set_title(f"Replication {per_rep[0]['rep']}: servers in use")
+    ax.set_title(f"Load {load}, replication {per_load[load][0]['rep']}: servers in use")
     ax.legend(loc="lower center")
-    for r in per_rep:
-        bx.plot([0, 1], [r["used"]["worst-fit"], r["used"]["mell"]], "o-", color="0.4")
+    for (lf, reps), color in zip(sorted(per_load.items()), ("tab:green", "tab:purple", "0.4")):
+        for i, r in enumerate(reps):
+            bx.plot([0, 1], [r["used"]["worst-fit"], r["used"]["mell"]], "o-", color=color, alpha=0.7,
+                    label=f"load {lf}" if i == 0 else None)
     bx.set_xticks([0, 1], [label for _, label in POLICIES])
     bx.set_xlim(-0.4, 1.4)
     bx.set_ylabel("server-seconds used")
-    bx.set_title(f"Each replication, paired (n = {len(per_rep)})")
+    bx.set_title("Each replication, paired")
+    bx.legend(loc="upper center", ncols=len(per_load))
     fig.tight_layout()
     fig.savefig(path)
     pyplot.close(fig)
