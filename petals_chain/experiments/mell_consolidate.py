@@ -191,7 +191,7 @@ def _summarize(by_load: dict[float, list[dict[str, Any]]], n: int, lengths: tupl
         slower = paired([r["resp"]["mell"] - r["resp"]["worst-fit"] for r in reps])
         total = {p: float(np.mean([r["used"][p] for r in reps])) for p, _ in POLICIES}
         lines += [
-            f"load {load} ({reps[0]['rate']:.3f} arrivals/s): server-seconds used per replication (a server counts "
+            f"load {load} ({_rates(reps)} arrivals/s): server-seconds used per replication (a server counts "
             f"while any session holds its cache): worst fit {total['worst-fit']:.1f} s, Mell {total['mell']:.1f} s "
             f"on average; Mell's saving, paired by replication: {saving.text(' %')}",
             f"load {load}: Mell's mean response minus worst fit's, paired: {slower.text(' s', 2)}; moves "
@@ -213,6 +213,13 @@ def _summarize(by_load: dict[float, list[dict[str, Any]]], n: int, lengths: tupl
     return Summary(NAME, "Consolidation by Mell on a live swarm: server-seconds against worst fit",
                    f"python -m petals_chain.experiments {NAME}{' --quick' if args.quick else ''} --seed {args.seed}",
                    lines, paper=["Mell (simulated GPU clusters): up to 31 % fewer GPUs than worst fit"], data=data)
+
+
+def _rates(reps: list[dict[str, Any]]) -> str:
+    """The replications' arrival rates: one figure, or their range (the capacity is measured at each swarm start,
+    so replications run in different sessions can differ; both packers of a replication see the same)."""
+    lo, hi = min(r["rate"] for r in reps), max(r["rate"] for r in reps)
+    return f"{lo:.3f}" if round(lo, 3) == round(hi, 3) else f"{lo:.3f}–{hi:.3f}"
 
 
 def _plot(path: Path, runs: dict[str, list], load: float, per_load: dict[float, list[dict[str, Any]]]) -> None:
