@@ -21,6 +21,7 @@ from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
 from petals_chain.compose.repair import repair as repaired, worth_replacing
+from petals_chain.compose.stable import keep_spans
 from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
 from petals_chain.orchestrator.config import OrchestratorConfig
@@ -157,6 +158,8 @@ class Orchestrator:
                     continue
                 self._applied_generation = gen
                 current = self.registry.composition
+                if comp is not None:
+                    comp = keep_spans(comp, current)  # interchangeable servers keep the blocks they hold
                 if (comp is not None and current is not None and current.meta.get("repair")
                         and not worth_replacing(current, comp, self.composition_policy.arrival_rate)):
                     self.repairs_kept += 1  # the repaired chains stay: no server is sent loading for little gain

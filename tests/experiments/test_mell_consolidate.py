@@ -24,8 +24,8 @@ def _rep(rep: int, wf_end: float, mell_end: float, load: float = 0.8) -> dict:
     runs = {"worst-fit": [_req("worst-fit", 0, "v1.0", 0.0, 10.0), _req("worst-fit", 1, "v1.1", 1.0, wf_end)],
             "mell": [_req("mell", 0, "v1.0", 0.0, 10.0), _req("mell", 1, "v1.0", 1.0, mell_end, ("kv",))]}
     stats = {p: {"offered": 0, "completed": int(p == "mell"), "failed": 0, "dropped": 0} for p in runs}
-    return {"load_fraction": load, "rep": rep, "model": "tiny", "rate": 0.5, "chains": [{"chain_id": "v1.0", "capacity": 2,
-                                                                 "service_time_s": 9.0}],
+    chains = [{"chain_id": "v1.0", "capacity": 2, "service_time_s": 9.0}]
+    return {"load_fraction": load, "rep": rep, "model": "tiny", "rate": 0.5, "chains": chains,
             "order": ["worst-fit", "mell"], "runs": runs, "stats": stats,
             "loadavg": [[0.5, 0.4, 0.3], [0.6, 0.5, 0.4]]}
 

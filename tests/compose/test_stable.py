@@ -1,0 +1,49 @@
+"""Installing a full recomposition without reloading interchangeable servers (compose/stable.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.compose.joint import joint_compose
+from petals_chain.compose.repair import worth_replacing
+from petals_chain.compose.stable import keep_spans, spans_changed
+from tests.compose.test_repair import _valid
+
+
+def _two_kinds(J: int) -> list:
+    """The benchmark's two MIG kinds with every server of a kind at the same RTT: interchangeable within a kind."""
+    servers = bench_servers(J, 0.3, np.random.default_rng(J))
+    high, low = servers[0], servers[-1]
+    return [dataclasses.replace(high if s.memory_bytes == high.memory_bytes else low, name=s.name) for s in servers]
+
+
+def test_interchangeable_servers_keep_their_spans_when_the_input_order_changes() -> None:
+    """The composer places servers of equal figures by input order: the same swarm listed in another order gets
+    a placement that would send servers loading; keep_spans gives each server back its span, and the composition
+    is otherwise the candidate's (same chains by index, same figures per index)."""
+    servers = _two_kinds(60)
+    lam = 0.6
+    current = joint_compose(servers, BLOOM, lam)
+    order = np.random.default_rng(1).permutation(len(servers))
+    candidate = joint_compose([servers[i] for i in order], BLOOM, lam)
+    moved = spans_changed(current, candidate)
+    assert moved > 5  # the premise: the order alone reloads servers
+    kept = keep_spans(candidate, current)
+    assert spans_changed(current, kept) == 0
+    _valid(kept)
+    assert kept.chains == candidate.chains and kept.placement == candidate.placement
+    assert [dataclasses.replace(s, name="-") for s in kept.servers] == [
+        dataclasses.replace(s, name="-") for s in candidate.servers]
+    assert not worth_replacing(kept, current, lam)  # the same servers, the same bound
+    print(f"\n[keep_spans] J=60, two kinds: {moved} servers sent loading by the reordered recomposition, 0 after")
+
+
+def test_servers_with_their_own_figures_are_never_renamed() -> None:
+    servers = bench_servers(40, 0.3, np.random.default_rng(3))  # every server its own RTT
+    current = joint_compose(servers, BLOOM, 0.4)
+    candidate = joint_compose(list(reversed(servers)), BLOOM, 0.4)
+    assert keep_spans(candidate, current) is candidate
+    assert keep_spans(candidate, None) is candidate
