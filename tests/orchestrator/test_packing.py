@@ -166,3 +166,40 @@ def test_an_arrival_never_takes_a_cache_still_held_by_a_session_moving_away() ->
         assert sorted(held) == ["c0", "c0", "c1", "c1"]
 
     run(body())
+
+
+def test_mell_opens_an_empty_chain_only_when_every_chain_in_use_is_full() -> None:
+    """mell-consolidate's live rows show arrivals starting on one chain and moving at a later departure. With moves
+    that end at once, that is Mell's rule and not the mapping of its GPUs onto chains: over random arrivals and
+    departures on three chains of two slots, an arrival never opens an empty chain while a chain in use has room,
+    and a departure's moves never leave more chains in use than before it."""
+    import random
+
+    from petals_chain.mell.live import PackingPolicy
+
+    rng = random.Random(0)
+    arrivals = 0
+    for _ in range(100):
+        p = PackingPolicy([1.0, 1.0, 1.0], [2, 2, 2], "mell")
+        live: dict[int, int] = {}
+        job = 0
+        for _ in range(60):
+            before = p.occupancy()
+            if live and rng.random() < 0.5:
+                j = rng.choice(sorted(live))
+                starts = p.on_departure(j, live.pop(j))
+                after_moves = p.occupancy()
+                assert sum(1 for n in after_moves if n) <= sum(1 for n in before if n)
+            else:
+                starts = p.on_arrival(job)
+                for s in starts:
+                    if s.job == job and s.migrated_from is None:
+                        arrivals += 1
+                        assert before[s.chain] > 0 or all(n in (0, 2) for n in before), (before, s)
+                job += 1
+            for s in starts:
+                if s.migrated_from is not None:
+                    p.hold(s.migrated_from)
+                    p.unhold(s.migrated_from)
+                live[s.job] = s.chain
+    assert arrivals > 1000
