@@ -21,7 +21,7 @@ of servers loading new blocks (`python -m petals_chain.bench compose --churn N` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -99,6 +99,25 @@ def drop_server(comp: Composition, name: str) -> Composition:
 def add_server(comp: Composition, spec: ServerSpec) -> Composition:
     """``comp`` with ``spec`` added (:func:`repair`)."""
     return repair(comp, new=(spec,))
+
+
+def restored(servers: Sequence[ServerSpec], model: ModelSpec, held: Mapping[str, tuple[int, int]],
+             c: int) -> Composition:
+    """The composition the servers' current spans give (``held``: name → PETALS span; absent: none), routed by GCA
+    as a repair routes: what an orchestrator restarted from its store serves without sending anyone loading.
+    SpecError or ValueError if those spans do not fit the servers any more."""
+    servers = tuple(servers)
+    first, count = [], []
+    for s in servers:
+        start, end = held.get(s.name, (0, 0))
+        first.append(start + 1 if end > start else 0)
+        count.append(max(0, end - start))
+    Placement(tuple(first), tuple(count)).check_for(model)
+    comp = _route(servers, model, first, count, [], max(c, 1), {"repair": "restored", "gone": (), "new": (),
+                                                                  "heirs": ()})
+    if min(residual_slots(servers, model, comp.placement, comp.chains), default=0) < 0:
+        raise SpecError("restored: a server's span no longer fits its memory")
+    return comp
 
 
 def worth_replacing(current: Composition, candidate: Composition, arrival_rate: float,

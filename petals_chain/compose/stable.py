@@ -12,32 +12,29 @@ by one rarely tie, and are left as the composer placed them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from petals_chain.model import Composition
 
-__all__ = ["keep_spans", "spans_changed"]
+__all__ = ["keep_spans", "spans_changed", "spans_of"]
+
+Spans = Mapping[str, tuple[int, int]]  # server name -> PETALS span (start, end) it holds; (0, 0) or absent: none
 
 
-def _span(comp: Composition, j: int) -> tuple[int, int]:
-    """Server j's (first block, count), or (0, 0) when it holds none."""
-    m = comp.placement.num_blocks[j]
-    return (comp.placement.first_block[j], m) if m > 0 else (0, 0)
+def spans_of(comp: Composition) -> dict[str, tuple[int, int]]:
+    """Every server's PETALS span in ``comp`` ((0, 0) for none)."""
+    return {s.name: comp.placement.span(j) for j, s in enumerate(comp.servers)}
 
 
-def spans_changed(current: Composition | None, candidate: Composition) -> int:
-    """How many of ``candidate``'s block-holding servers would load blocks they do not hold in ``current``."""
-    held = {} if current is None else {s.name: _span(current, j) for j, s in enumerate(current.servers)}
-    return sum(1 for j, s in enumerate(candidate.servers)
-               if _span(candidate, j) != (0, 0) and held.get(s.name) != _span(candidate, j))
+def spans_changed(held: Spans, candidate: Composition) -> int:
+    """How many of ``candidate``'s block-holding servers would load blocks they do not hold (``held``)."""
+    return sum(1 for name, span in spans_of(candidate).items() if span != (0, 0) and held.get(name, (0, 0)) != span)
 
 
-def keep_spans(candidate: Composition, current: Composition | None) -> Composition:
-    """``candidate`` with the names of interchangeable servers (equal figures) permuted so that each keeps its span
-    in ``current`` where the candidate has that span for its group; ``candidate`` itself if nothing changes."""
-    if current is None:
-        return candidate
-    held = {s.name: _span(current, j) for j, s in enumerate(current.servers)}
+def keep_spans(candidate: Composition, held: Spans) -> Composition:
+    """``candidate`` with the names of interchangeable servers (equal figures) permuted so that each keeps the span
+    it holds (``held``) where the candidate gives its group that span; ``candidate`` itself if nothing changes."""
     groups: dict[object, list[int]] = {}
     for j, s in enumerate(candidate.servers):
         groups.setdefault(replace(s, name="-"), []).append(j)
@@ -47,7 +44,7 @@ def keep_spans(candidate: Composition, current: Composition | None) -> Compositi
             continue
         slots: dict[tuple[int, int], list[int]] = {}
         for j in idx:
-            slots.setdefault(_span(candidate, j), []).append(j)
+            slots.setdefault(candidate.placement.span(j), []).append(j)
         members = [names[j] for j in idx]
         placed: dict[int, str] = {}
         rest = []

@@ -134,6 +134,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     s.add_argument("--migration", default="none", choices=MIGRATION_POLICIES,
                    help="move running sessions between chains: 'jffc' moves the slowest busy chain's session to a "
                         "faster chain's freed slot (JFFC with migration); drains work either way (default none)")
+    s.add_argument("--no-repair", action="store_true",
+                   help="do not repair the composition at once when servers leave or join: wait for the full "
+                        "recomposition, and install it whatever it gains (docs/orchestrator.md, \"Churn\")")
     s.add_argument("--width", default=None, choices=POLICIES,
                    help="choose the speculative width of each lease that asks for one (k_max): "
                         + "; ".join(f"{m.name}: {m.help}" for m in WIDTH_METHODS.values())
@@ -256,6 +259,7 @@ def engine_config(args: argparse.Namespace, *, planned: Sequence[ServerSpec] = (
         max_waiting=args.max_waiting,
         offer_when_serving=not args.offer_unready_chains,
         migration=getattr(args, "migration", "none"),
+        repair=not getattr(args, "no_repair", False),
         pinned={s.name: s for s in planned} if args.pin_cluster_times else {},
         model_source=model_source,
         dht_info=dht_info,

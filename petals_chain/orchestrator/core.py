@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from petals_chain import defaults
 from petals_chain.model import Composition, ServerSpec, SpecError
 from petals_chain.orchestrator.chains import ChainInfo, chain_infos
-from petals_chain.compose.repair import repair as repaired, worth_replacing
+from petals_chain.compose.repair import repair as repaired, restored, worth_replacing
 from petals_chain.compose.stable import keep_spans
 from petals_chain.orchestrator.compose_runner import ComposeRunner
 from petals_chain.orchestrator.composition import CompositionPolicy
@@ -130,11 +130,25 @@ class Orchestrator:
             self.state.on_change()
         return version
 
-    def recompose_now(self) -> int:
-        """Recompose synchronously (startup, tests): compute for the live servers and install."""
+    def recompose_now(self, keep_held: bool = False) -> int:
+        """Recompose synchronously (startup, tests): compute for the live servers and install. With ``keep_held``
+        (a restart from the store), the composition the servers' stored spans give is installed instead where the
+        full one would not gain enough to send servers loading (compose/repair.py's ``restored`` and
+        ``worth_replacing``): the swarm goes on serving what it served before the restart."""
         gen, specs = self.registry.snapshot()
         comp, err = self.composition_policy.try_compose(specs, self.registry.model)
         self._applied_generation = gen
+        if comp is not None:
+            held = self.registry.held_spans()
+            comp = keep_spans(comp, held)
+            if keep_held and held:
+                try:
+                    before = restored(comp.servers, comp.model, held, comp.c)
+                except (SpecError, ValueError) as exc:
+                    log.warning("the stored spans do not make a composition any more (%s): recomposing", exc)
+                else:
+                    if not worth_replacing(before, comp, self.composition_policy.arrival_rate):
+                        comp = before
         return self.install(comp, err)
 
     async def recompose(self) -> None:
@@ -158,8 +172,8 @@ class Orchestrator:
                     continue
                 self._applied_generation = gen
                 current = self.registry.composition
-                if comp is not None:
-                    comp = keep_spans(comp, current)  # interchangeable servers keep the blocks they hold
+                if comp is not None:  # interchangeable servers keep the blocks they hold
+                    comp = keep_spans(comp, self.registry.held_spans())
                 if (comp is not None and current is not None and current.meta.get("repair")
                         and not worth_replacing(current, comp, self.composition_policy.arrival_rate)):
                     self.repairs_kept += 1  # the repaired chains stay: no server is sent loading for little gain

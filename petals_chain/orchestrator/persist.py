@@ -246,7 +246,7 @@ class Persistence:
                 reg.servers[s.name] = rec
             reg.version = max(reg.version, int(state.meta.get("version", "0")))
             reg.generation += 1
-            orch.recompose_now()
+            orch.recompose_now(keep_held=True)  # what the swarm served before the restart, unless worse
         leases = []
         for x in state.leases:
             if x.ttl_s <= 0:

@@ -357,6 +357,11 @@ class Registry:
         """(generation, specs of the live servers): the input of one recomposition."""
         return self.generation, tuple(r.spec() for r in self.alive() if not r.pending)
 
+    def held_spans(self) -> dict[str, tuple[int, int]]:
+        """Each server's assigned PETALS span (start, end), for those given blocks: what they hold or are loading."""
+        return {r.name: (r.assignment.start, r.assignment.end) for r in self.servers.values()
+                if r.assignment is not None and r.assignment.num_blocks > 0}
+
     def assign_unplaced(self) -> None:
         """Give every server that has no assignment yet an empty one at the current version (a recomposition that
         was computed but not installed, because the installed one was kept, still answers a newcomer: no blocks)."""

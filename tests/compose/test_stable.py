@@ -9,7 +9,7 @@ import numpy as np
 from petals_chain.bench.compose import BLOOM, bench_servers
 from petals_chain.compose.joint import joint_compose
 from petals_chain.compose.repair import worth_replacing
-from petals_chain.compose.stable import keep_spans, spans_changed
+from petals_chain.compose.stable import keep_spans, spans_changed, spans_of
 from tests.compose.test_repair import _valid
 
 
@@ -29,10 +29,10 @@ def test_interchangeable_servers_keep_their_spans_when_the_input_order_changes()
     current = joint_compose(servers, BLOOM, lam)
     order = np.random.default_rng(1).permutation(len(servers))
     candidate = joint_compose([servers[i] for i in order], BLOOM, lam)
-    moved = spans_changed(current, candidate)
+    moved = spans_changed(spans_of(current), candidate)
     assert moved > 5  # the premise: the order alone reloads servers
-    kept = keep_spans(candidate, current)
-    assert spans_changed(current, kept) == 0
+    kept = keep_spans(candidate, spans_of(current))
+    assert spans_changed(spans_of(current), kept) == 0
     _valid(kept)
     assert kept.chains == candidate.chains and kept.placement == candidate.placement
     assert [dataclasses.replace(s, name="-") for s in kept.servers] == [
@@ -45,5 +45,25 @@ def test_servers_with_their_own_figures_are_never_renamed() -> None:
     servers = bench_servers(40, 0.3, np.random.default_rng(3))  # every server its own RTT
     current = joint_compose(servers, BLOOM, 0.4)
     candidate = joint_compose(list(reversed(servers)), BLOOM, 0.4)
-    assert keep_spans(candidate, current) is candidate
-    assert keep_spans(candidate, None) is candidate
+    assert keep_spans(candidate, spans_of(current)) is candidate
+    assert keep_spans(candidate, {}) is candidate
+
+
+def test_a_restart_rebuilds_the_composition_the_servers_hold() -> None:
+    """`restored` routes the servers' spans as they are (a repaired composition, say) without moving anyone; spans
+    that no longer fit are refused by name."""
+    from petals_chain.compose.repair import drop_server, restored
+
+    servers = bench_servers(60, 0.2, np.random.default_rng(60))
+    comp = drop_server(joint_compose(servers, BLOOM, 0.6), servers[0].name)
+    back = restored(comp.servers, BLOOM, spans_of(comp), comp.c)
+    assert spans_of(back) == spans_of(comp) and back.meta["repair"] == "restored"
+    _valid(back)
+    assert back.total_rate_per_s >= 0.9 * comp.total_rate_per_s
+    import pytest
+
+    from petals_chain.model import SpecError
+
+    too_much = {comp.servers[1].name: (0, BLOOM.num_blocks)}  # a whole 176B model on one MIG slice
+    with pytest.raises((SpecError, ValueError)):
+        restored(comp.servers, BLOOM, too_much, comp.c)

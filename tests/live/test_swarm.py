@@ -45,7 +45,9 @@ def swarm(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """Orchestrator (with its DHT) + 3 servers; c = 1 and a high λ so that GBP-CR builds two chains."""
     sw = LocalSwarm(tiny_dir, SERVERS, log_dir=tmp_path_factory.mktemp("swarm-logs"), model_name="tiny-llama",
                     max_length=MAX_LENGTH, arrival_rate=4.0, c=1, lease_ttl_s=20.0, heartbeat_timeout_s=15.0,
-                    orchestrator_args=("--method", "max-chains"))  # two chains whatever τ this machine measures
+                    # two chains whatever τ this machine measures; no repair, so that a leave is answered by a full
+                    # recomposition that reassigns a server (the reload path; the repair is tested in test_failover)
+                    orchestrator_args=("--method", "max-chains", "--no-repair"))
     try:
         sw.start(timeout_s=240)
         yield sw
