@@ -112,12 +112,12 @@ def restored(servers: Sequence[ServerSpec], model: ModelSpec, held: Mapping[str,
         start, end = held.get(s.name, (0, 0))
         first.append(start + 1 if end > start else 0)
         count.append(max(0, end - start))
-    Placement(tuple(first), tuple(count)).check_for(model)
-    comp = _route(servers, model, first, count, [], max(c, 1), {"repair": "restored", "gone": (), "new": (),
-                                                                  "heirs": ()})
-    if min(residual_slots(servers, model, comp.placement, comp.chains), default=0) < 0:
+    placement = Placement(tuple(first), tuple(count))
+    placement.check_for(model)
+    if min(cache_slots(servers, model, placement), default=0) < 0:  # checked before GCA routes anything over it
         raise SpecError("restored: a server's span no longer fits its memory")
-    return comp
+    return _route(servers, model, first, count, [], max(c, 1), {"repair": "restored", "gone": (), "new": (),
+                                                                 "heirs": ()})
 
 
 def worth_replacing(current: Composition, candidate: Composition, arrival_rate: float,
