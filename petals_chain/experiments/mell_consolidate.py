@@ -16,7 +16,6 @@ resumes from it; each records the machine's load average.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections import Counter
 
@@ -34,8 +33,11 @@ from petals_chain.experiments.migration_live import (
     model_dir,
     poisson_arrivals,
     prompts_for,
+    load_replications,
     replay,
+    save_replication,
     server_seconds,
+    wait_idle,
 )
 from petals_chain.experiments.paired import paired
 from petals_chain.loopback.swarm import ServerPlan
@@ -58,7 +60,7 @@ def run(args: Any) -> Summary:
     reps = 1 if quick else REPLICATIONS
     loads = LOADS[:1] if quick else LOADS
     ckpt = checkpoint_path(NAME, args)
-    done = _load(ckpt)
+    done = load_replications(ckpt, _key)
     missing = [(load, i) for load in loads for i in range(reps) if (load, i) not in done]
     if missing:
         with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
@@ -77,10 +79,7 @@ def run(args: Any) -> Summary:
                 try:
                     for load, rep in missing:
                         done[(load, rep)] = _replication(sw, model, load, rep, n, (lo, hi), mname, args.seed)
-                        if ckpt is not None:
-                            ckpt.parent.mkdir(parents=True, exist_ok=True)
-                            with ckpt.open("a") as fh:
-                                fh.write(json.dumps(_to_json(done[(load, rep)])) + "\n")
+                        save_replication(ckpt, done[(load, rep)])
                 finally:
                     model.orchestrator.close()
     return _summarize({load: [done[(load, i)] for i in range(reps)] for load in loads}, n, (lo, hi), args)
@@ -110,7 +109,7 @@ def _replication(sw: SpeedSwarm, model: Any, load: float, rep: int, n: int, leng
         after = sw.get("/migrations")
         stats[policy] = {k: after[k] - before[k] for k in ("offered", "completed", "failed", "dropped")}
         print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
-        _wait_idle(sw)
+        wait_idle(sw)
     return {"load_fraction": load, "rep": rep, "model": mname, "rate": rate, "chains": [{"chain_id": c["chain_id"],
                                                                   "capacity": c["capacity"],
                                                                   "service_time_s": c["service_time_s"]}
@@ -118,30 +117,9 @@ def _replication(sw: SpeedSwarm, model: Any, load: float, rep: int, n: int, leng
             "order": order, "runs": runs, "stats": stats, "loadavg": [load_before, os.getloadavg()]}
 
 
-def _to_json(rep: dict[str, Any]) -> dict[str, Any]:
-    """A replication as a checkpoint line."""
-    return {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}}
-
-
-def _load(path: Path | None) -> dict[tuple[float, int], dict[str, Any]]:
-    """The replications a checkpoint holds (none without one)."""
-    if path is None or not path.is_file():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        d["runs"] = {p: [Request(**{**r, "move_modes": tuple(r["move_modes"]), "tokens": tuple(r["tokens"]),
-                                    "segments": tuple(tuple(s) for s in r["segments"])}) for r in rs]
-                     for p, rs in d["runs"].items()}
-        out[(float(d["load_fraction"]), int(d["rep"]))] = d
-    return out
-
-
-def _wait_idle(sw: SpeedSwarm, timeout_s: float = 120.0) -> None:
-    """Until no lease is held (a packer is switched only while nothing runs)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and sw.get("/health")["active_leases"]:
-        time.sleep(0.2)
+def _key(rep: dict[str, Any]) -> tuple[float, int]:
+    """A replication's place in the run: (load fraction, index)."""
+    return float(rep["load_fraction"]), int(rep["rep"])
 
 
 def _modes(reqs: list) -> str:

@@ -1,18 +1,27 @@
-"""JFFC with migration on a live loopback swarm: mean response time against plain JFFC on the same arrivals, and
-against the Theorem 3.7 lower bound for the chains as measured (docs/migration.md, "JFFC with migration").
+"""JFFC with migration on a live loopback swarm: mean response time in steady state against plain JFFC on the same
+arrivals, paired by replication, and against the Theorem 3.7 bounds for the chains and load as measured
+(docs/migration.md, "JFFC with migration").
 
 Two servers hold the whole model (SmolLM2-135M when prepared); one runs at a tenth of the speed, so the orchestrator
-composes a fast and a slow chain. One Poisson replay runs twice on the same swarm, first under plain JFFC, then
-with ``POST /migrations {"policy": "jffc"}``: a session on the slow chain moves (by the faster mode: KV transfer
-for SmolLM2) when a fast slot frees up and nobody waits. Every output must be the same in both runs (greedy
-decoding; the move is invisible).
+composes a fast and a slow chain. At the swarm's start a calibration fills every slot at once and times each
+chain's service, which sets the arrival rate (``LOAD`` of the chains' capacity Σ c_k/T_k as they run full, not as the
+orchestrator estimated them). Each replication draws its own Poisson arrivals and prompts and replays them twice,
+under plain JFFC and with ``POST /migrations {"policy": "jffc"}`` (a session on the slow chain moves, by KV transfer
+for SmolLM2, when a fast slot frees up and nobody waits), the order alternating from one replication to the next.
+Only the requests arriving in the middle of a replay are measured: the first ``WARMUP`` arrive while the swarm fills
+from empty, the last ``TAIL`` while arrivals stop and the swarm drains (with nobody arriving, more sessions move
+than in steady state). The comparison is the paired difference of the measured requests' mean response; the bounds
+are Theorem 3.7's for the service times each replication measured under plain JFFC and its arrival rate. Every
+output must be the same under both policies (greedy decoding: the move is invisible). A full run keeps each
+replication in its checkpoint (.cache/experiments) with the machine's load average, and resumes from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import re
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,153 +30,276 @@ from typing import Any
 import numpy as np
 
 from petals_chain.analysis.bounds import theorem37_bounds
-from petals_chain.experiments.common import (Summary, figure, mean_ci, read_csv, replotting, save_figure,
-                                             write_csv)
-from petals_chain.experiments.migration_live import SpeedSwarm, model_dir, poisson_arrivals, prompts_for, replay
+from petals_chain.experiments.common import (Summary, checkpoint_path, figure, mean_ci, read_csv, replotting,
+                                             save_figure, write_csv)
+from petals_chain.experiments.migration_live import (Request, SpeedSwarm, load_replications, model_dir,
+                                                     poisson_arrivals, prompts_for, replay, save_replication,
+                                                     wait_idle)
+from petals_chain.experiments.paired import paired
 from petals_chain.loopback.swarm import ServerPlan
 
 NAME = "migration-jffc"
 SLOW_SPEED = 0.1
-LOAD = 0.5
+# Of the chains' capacity measured full at the calibration. A replay at this rate seldom fills the fast chain, whose
+# sessions then run faster than when full: the load as the replay measures it comes out near 0.5 (0.29 at 0.5 here).
+LOAD = 0.8
 BUDGET = "437MB"  # SmolLM2-135M: 425 MB of fp32 blocks + 2 caches of 128 tokens (5.9 MB each)
 REPLOT = True  # `--replot` redraws migration-jffc.png from the saved CSV and JSON (no swarm)
+TITLE = "JFFC with live migration vs plain JFFC, in steady state, vs the Theorem 3.7 bounds"
 POLICIES = (("none", "plain JFFC"), ("jffc", "JFFC with migration"))
+FULL = {"warmup": 6, "measured": 24, "tail": 6, "new_tokens": 16, "replications": 8}
+QUICK = {"warmup": 2, "measured": 6, "tail": 2, "new_tokens": 12, "replications": 1}
 
 
 def run(args: Any) -> Summary:
-    """Start the swarm, replay under both policies, write CSV + PNG, return the summary."""
+    """Start the swarm, calibrate, run every replication not yet in the checkpoint (both policies on one replay
+    each), write CSV + PNG, return the summary."""
     if replotting(args):
         return replot(args.out)
-    quick = bool(args.quick)
-    n, new_tokens = (16, 12) if quick else (40, 24)
-    rng = np.random.default_rng(args.seed)
+    size = QUICK if args.quick else FULL
+    ckpt = checkpoint_path(NAME, args)
+    done = load_replications(ckpt, _key)
+    missing = [i for i in range(size["replications"]) if i not in done]
+    if missing:
+        with tempfile.TemporaryDirectory(prefix="migration-jffc-") as tmp:
+            mdir, mname = model_dir(bool(args.quick), Path(tmp))
+            plans = [ServerPlan("fast", BUDGET), ServerPlan("slow", BUDGET)]
+            sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
+                            arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
+                            job_output_tokens=size["new_tokens"], job_input_tokens=8, speeds={"slow": SLOW_SPEED})
+            with sw:
+                print(f"[{NAME}] starting the swarm ({mname}; slow server at speed {SLOW_SPEED})", flush=True)
+                sw.start(timeout_s=600)
+                from petals_chain import AutoDistributedModelForCausalLM
+
+                model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
+                                                                       lease_timeout_s=600.0, lease_ttl_s=30.0)
+                try:
+                    calibration = _calibrate(sw, model, size["new_tokens"], args.seed)
+                    for rep in missing:
+                        done[rep] = _replication(sw, model, rep, size, calibration, mname, args.seed)
+                        save_replication(ckpt, done[rep])
+                finally:
+                    model.orchestrator.close()
+    return _summarize([done[i] for i in range(size["replications"])], size, args)
+
+
+def _key(rep: dict[str, Any]) -> int:
+    """A replication's index."""
+    return int(rep["rep"])
+
+
+def _calibrate(sw: SpeedSwarm, model: Any, new_tokens: int, seed: int) -> dict[str, Any]:
+    """Every slot filled at once (Σ c_k requests arriving together under plain JFFC): each chain's mean service
+    time when full, and the capacity Σ c_k / T_k the arrival rate is set from."""
+    chains = sw.get("/chains")["chains"]
+    slots = sum(int(c["capacity"]) for c in chains)
+    rng = np.random.default_rng([seed, 10**6])
+    sw.set_policy("none")
+    print(f"[{NAME}] calibration: {slots} requests at once, {new_tokens} new tokens each", flush=True)
+    reqs = replay(model, "none", np.zeros(slots), prompts_for(slots, int(model.config.vocab_size), rng),
+                  [new_tokens] * slots, 128, 600.0)
+    wait_idle(sw)
+    errors = [r.error for r in reqs if r.error]
+    if errors:
+        raise RuntimeError(f"{NAME}: the calibration failed: {errors[0]}")
+    service = {}
+    for c in chains:
+        svc = [r.service_s for r in reqs if r.last_chain == c["chain_id"]]
+        service[c["chain_id"]] = float(np.mean(svc)) if svc else float(c["service_time_s"])
+    capacity = sum(int(c["capacity"]) / service[c["chain_id"]] for c in chains)
+    print(f"[{NAME}]   service when full: {service}; capacity {capacity:.3f}/s", flush=True)
+    return {"chains": [{"chain_id": c["chain_id"], "capacity": int(c["capacity"]),
+                        "orchestrator_service_time_s": float(c["service_time_s"]),
+                        "full_service_time_s": service[c["chain_id"]]} for c in chains],
+            "capacity_per_s": capacity}
+
+
+def _replication(sw: SpeedSwarm, model: Any, rep: int, size: dict[str, int], calibration: dict[str, Any],
+                 mname: str, seed: int) -> dict[str, Any]:
+    """One replay (its own arrivals and prompts) under both policies, in the order the replication's parity gives;
+    the requests, the orchestrator's move counts and the machine's load average before and after."""
+    rng = np.random.default_rng([seed, rep])
+    n = size["warmup"] + size["measured"] + size["tail"]
+    rate = LOAD * calibration["capacity_per_s"]
+    arrivals = poisson_arrivals(n, rate, rng)
+    prompts = prompts_for(n, int(model.config.vocab_size), rng)
+    order = [p for p, _ in POLICIES] if rep % 2 == 0 else [p for p, _ in reversed(POLICIES)]
+    runs: dict[str, list[Request]] = {}
+    stats: dict[str, dict[str, int]] = {}
+    load_before = os.getloadavg()
+    for policy in order:
+        before = sw.set_policy(policy)
+        print(f"[{NAME}] replication {rep}: {n} requests at {rate:.3f}/s under {policy!r}", flush=True)
+        t0 = time.monotonic()
+        runs[policy] = replay(model, policy, arrivals, prompts, [size["new_tokens"]] * n, 128, 600.0)
+        after = sw.get("/migrations")
+        stats[policy] = {k: after[k] - before[k] for k in ("offered", "completed", "failed", "dropped")}
+        print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
+        wait_idle(sw)
+    return {"rep": rep, "model": mname, "rate": rate, "calibration": calibration, "order": order, "runs": runs,
+            "stats": stats, "loadavg": [load_before, os.getloadavg()], **{k: size[k] for k in
+                                                                          ("warmup", "measured", "tail")}}
+
+
+def measured(rep: dict[str, Any], policy: str) -> list[Request]:
+    """The requests of ``policy``'s replay that count: neither in the warm-up nor in the tail."""
+    return rep["runs"][policy][rep["warmup"]:rep["warmup"] + rep["measured"]]
+
+
+def replication_figures(rep: dict[str, Any]) -> dict[str, Any]:
+    """One replication's figures: each policy's mean response over the measured requests, the arrival rate the
+    replay had (its arrivals over their span), the chains' mean service under plain JFFC (all its requests on
+    that chain) and Theorem 3.7's bounds for them."""
+    means = {p: float(np.mean([r.response_s for r in measured(rep, p)])) for p, _ in POLICIES}
+    arrivals = np.array([r.arrival_s for r in rep["runs"]["none"]])
+    lam = (arrivals.size - 1) / float(arrivals[-1] - arrivals[0])
+    chains = rep["calibration"]["chains"]
+    service = []
+    for c in chains:
+        svc = [r.service_s for r in rep["runs"]["none"] if r.last_chain == c["chain_id"] and not r.error]
+        service.append(float(np.mean(svc)) if svc else c["full_service_time_s"])
+    bound = theorem37_bounds([1.0 / t for t in service], [c["capacity"] for c in chains], lam)
+    capacity = sum(c["capacity"] / t for c, t in zip(chains, service))
+    return {"rep": rep["rep"], "mean_response_s": means, "arrival_rate": lam, "service_s": service,
+            "load": lam / capacity, "lower_s": bound.lower_s, "upper_s": bound.upper_s,
+            "loadavg": rep["loadavg"][0][0]}
+
+
+def _summarize(reps: list[dict[str, Any]], size: dict[str, int], args: Any) -> Summary:
+    """Paired difference of the steady-state means, the bounds beside plain JFFC's mean, moves and the identity
+    check; CSV + PNG."""
     out: Path = args.out
-    with tempfile.TemporaryDirectory(prefix="migration-jffc-") as tmp:
-        mdir, mname = model_dir(quick, Path(tmp))
-        plans = [ServerPlan("fast", BUDGET), ServerPlan("slow", BUDGET)]
-        sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
-                        arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
-                        job_output_tokens=new_tokens, job_input_tokens=8, speeds={"slow": SLOW_SPEED})
-        with sw:
-            print(f"[{NAME}] starting the swarm ({mname}; slow server at speed {SLOW_SPEED})", flush=True)
-            sw.start(timeout_s=600)
-            chains = sw.get("/chains")["chains"]
-            capacity_per_s = sum(c["capacity"] / c["service_time_s"] for c in chains)
-            rate = LOAD * capacity_per_s
-            arrivals = poisson_arrivals(n, rate, rng)
-            from petals_chain import AutoDistributedModelForCausalLM
-
-            model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
-                                                                   lease_timeout_s=600.0, lease_ttl_s=30.0)
-            prompts = prompts_for(n, int(model.config.vocab_size), rng)
-            runs: dict[str, list] = {}
-            try:
-                for policy in ("none", "jffc"):
-                    sw.set_policy(policy)
-                    print(f"[{NAME}] replay of {n} requests at {rate:.3f}/s under policy {policy!r}", flush=True)
-                    t0 = time.monotonic()
-                    runs[policy] = replay(model, policy, arrivals, prompts, [new_tokens] * n, 128, 600.0)
-                    print(f"[{NAME}]   done in {time.monotonic() - t0:.1f} s", flush=True)
-                stats = sw.get("/migrations")
-            finally:
-                model.orchestrator.close()
-    return _summarize(runs, chains, arrivals, rate, stats, mname, n, new_tokens, out, args)
-
-
-def _summarize(runs: dict[str, list], chains: list[dict], arrivals: np.ndarray, rate: float, stats: dict,
-               mname: str, n: int, new_tokens: int, out: Path, args: Any) -> Summary:
-    """Means with 95 % intervals, the bound for the measured chains, the identity check; CSV + PNG."""
-    plain, moved = runs["none"], runs["jffc"]
-    errors = [r.error for r in plain + moved if r.error]
-    identical = all(a.tokens == b.tokens for a, b in zip(plain, moved)) and not errors
-    measured = []
-    for c in chains:  # μ_k from plain JFFC's service times on chain k (the orchestrator's T_k if none ran there)
-        svc = [r.service_s for r in plain if r.last_chain == c["chain_id"] and not r.error]
-        measured.append(float(np.mean(svc)) if svc else float(c["service_time_s"]))
-    lam = (n - 1) / float(arrivals[-1]) if arrivals[-1] > 0 else rate
-    bound = theorem37_bounds([1.0 / t for t in measured], [c["capacity"] for c in chains], lam)
-    means = {p: mean_ci([r.response_s for r in rs if not r.error]) for p, rs in runs.items()}
-    write_csv(out / f"{NAME}.csv", [r.row() for r in plain + moved])
-    moves = sum(r.moves for r in moved)
+    rows, errors, identical = [], [], True
+    for rep in reps:
+        plain, moved = rep["runs"]["none"], rep["runs"]["jffc"]
+        errors += [r.error for r in plain + moved if r.error]
+        identical &= all(a.tokens == b.tokens for a, b in zip(plain, moved))
+        window = range(rep["warmup"], rep["warmup"] + rep["measured"])
+        rows += [{"rep": rep["rep"], **r.row(), "measured": r.request in window} for r in plain + moved]
+    identical &= not errors
+    if errors:  # a failed request has no response time: the paired means would be of different sets
+        raise RuntimeError(f"{NAME}: {len(errors)} requests failed, e.g. {errors[0]}")
+    write_csv(out / f"{NAME}.csv", rows)
+    figs = [replication_figures(rep) for rep in reps]
+    diff = paired([f["mean_response_s"]["jffc"] - f["mean_response_s"]["none"] for f in figs])
+    pct = paired([100 * (1 - f["mean_response_s"]["jffc"] / f["mean_response_s"]["none"]) for f in figs])
+    plain = mean_ci([f["mean_response_s"]["none"] for f in figs])
+    lower, upper = (float(np.mean([f[k] for f in figs])) for k in ("lower_s", "upper_s"))
+    _plot(out / f"{NAME}.png", figs, rows)
+    cal = reps[0]["calibration"]
+    moved = [r for rep in reps for r in measured(rep, "jffc")]
     downtime = [r.move_downtime_s / r.moves for r in moved if r.moves]
-    gain = 1.0 - means["jffc"][0] / means["none"][0]
-    capacity = sum(c["capacity"] / t for c, t in zip(chains, measured))
-    _plot(out / f"{NAME}.png", {p: [r.response_s for r in rs if not r.error] for p, rs in runs.items()},
-          bound.lower_s, bound.upper_s, lam / capacity, n)
-    bound_text = (f"Theorem 3.7 lower bound for the measured chains {bound.lower_s:.2f} s (upper "
-                  f"{bound.upper_s:.2f} s), a steady-state bound at the measured load λ/Σ c_k/T_k = "
-                  f"{lam / capacity:.2f}, while the replay is {n} requests from an empty swarm"
-                  if math.isfinite(bound.lower_s) else
-                  f"no Theorem 3.7 bound: λ = {lam:.3f}/s is not below the measured chains' capacity "
-                  f"Σ c_k/T_k = {capacity:.3f}/s (sessions sharing a server's CPU run slower than alone)")
-    chain_text = ", ".join(f"{c['chain_id']} c={c['capacity']} measured T={t:.2f} s"
-                           for c, t in zip(chains, measured))
+    stats = {p: {k: sum(rep["stats"][p][k] for rep in reps) for k in ("completed", "failed", "dropped")}
+             for p, _ in POLICIES}
+    chain_text = ", ".join(f"{c['chain_id']} c={c['capacity']} (T when full {c['full_service_time_s']:.2f} s, "
+                           f"orchestrator's estimate {c['orchestrator_service_time_s']:.2f} s)" for c in cal["chains"])
+    service = np.mean([f["service_s"] for f in figs], axis=0)
+    loadavg = [f["loadavg"] for f in figs]
+    inside = lower <= plain[0] <= upper
     lines = [
-        f"{mname}, two whole-model servers (one at speed {SLOW_SPEED}); chains: {chain_text}",
-        f"{n} Poisson arrivals at λ = {lam:.3f}/s (load {LOAD} of the chains' capacity), {new_tokens} new tokens each, "
-        "the same arrivals and prompts under both policies",
-        f"mean response (95 % t-interval): plain JFFC {means['none'][0]:.2f} ± {means['none'][1]:.2f} s, JFFC with "
-        f"migration {means['jffc'][0]:.2f} ± {means['jffc'][1]:.2f} s ({100 * abs(gain):.1f} % "
-        f"{'less' if gain >= 0 else 'more'}); {bound_text}",
-        f"moves: {moves} (orchestrator: {stats['completed']} completed, {stats['failed']} failed, "
-        f"{stats['dropped']} dropped), mean downtime per move {np.mean(downtime) if downtime else float('nan'):.3f} s",
-        f"outputs identical under both policies: {identical}; errors: {len(errors)}",
+        f"{reps[0]['model']}, two whole-model servers (one at speed {SLOW_SPEED}); chains: {chain_text}",
+        f"{len(reps)} replication{'s' if len(reps) > 1 else ''}, each {size['warmup']} + {size['measured']} + "
+        f"{size['tail']} Poisson arrivals at {LOAD} of the capacity measured full ({_rates(figs)} arrivals/s), "
+        f"{size['new_tokens']} new tokens each, the same arrivals and prompts under both policies in alternating "
+        f"order; only the middle {size['measured']} count (the first {size['warmup']} fill the swarm, the last "
+        f"{size['tail']} see it drain)",
+        f"steady-state mean response per replication: plain JFFC {plain[0]:.2f} s, JFFC with migration "
+        f"{np.mean([f['mean_response_s']['jffc'] for f in figs]):.2f} s; migration minus plain, paired: "
+        f"{diff.text(' s', 2)}; the same as a saving: {pct.text(' %')}",
+        f"Theorem 3.7 for the chains as they ran under plain JFFC (mean service "
+        f"{', '.join(f'{t:.2f} s' for t in service)}) at the replays' rate (load {_range(figs, 'load')}): "
+        f"[{lower:.2f}, {upper:.2f}] s on average over the replications; plain JFFC's steady-state mean "
+        f"{plain[0]:.2f} ± {plain[1]:.2f} s is {'inside' if inside else 'outside'} it",
+        _slow_line(reps),
+        f"moves: {stats['jffc']['completed']} completed, {stats['jffc']['failed']} failed, {stats['jffc']['dropped']} "
+        f"dropped; mean downtime per move of a measured request "
+        f"{np.mean(downtime) if downtime else float('nan'):.3f} s",
+        f"outputs identical under both policies: {identical}; errors: {len(errors)}; machine load average (1 min) at "
+        f"the replications' starts {min(loadavg):.2f}–{max(loadavg):.2f} (the swarm's own processes on 2 cores)",
     ]
-    return Summary(NAME, "JFFC with live migration vs plain JFFC vs the Theorem 3.7 lower bound",
+    data = {"replications": figs, "difference_s": dataclasses.asdict(diff), "saving_percent": dataclasses.asdict(pct),
+            "plain_mean_s": plain[0], "lower_bound_s": lower, "upper_bound_s": upper, "moves": stats,
+            "identical": identical, "calibration": cal}
+    return Summary(NAME, TITLE,
                    f"python -m petals_chain.experiments {NAME}{' --quick' if args.quick else ''} --seed {args.seed}",
-                   lines, data={"mean_response_s": {p: m[0] for p, m in means.items()}, "lower_bound_s": bound.lower_s,
-                                "upper_bound_s": bound.upper_s, "moves": moves, "identical": identical,
-                                "errors": errors[:5]})
+                   lines, data=data)
 
 
-def saved_plot_data(out: Path) -> tuple[dict[str, list[float]], float, float, float, int, dict]:
-    """From the saved migration-jffc.csv and .json: the response times per policy, the bounds, the measured load,
-    the requests per policy and the JSON document itself."""
+def _slow_line(reps: list[dict[str, Any]]) -> str:
+    """Where the measured requests ran: how many started on the slowest chain under each policy and their mean
+    response, and each policy's median response (a move frees a slow slot but fills a fast one, so the next
+    arrival may start on the slow chain)."""
+    slowest = max(reps[0]["calibration"]["chains"], key=lambda c: c["full_service_time_s"])["chain_id"]
+    parts = []
+    for policy, label in POLICIES:
+        reqs = [r for rep in reps for r in measured(rep, policy)]
+        slow = [r for r in reqs if r.first_chain == slowest]
+        mean = f"mean response {np.mean([r.response_s for r in slow]):.2f} s" if slow else "none"
+        parts.append(f"{label} {len(slow)} of {len(reqs)} ({sum(r.moves > 0 for r in slow)} moved; {mean}), "
+                     f"median response {np.median([r.response_s for r in reqs]):.2f} s")
+    return f"measured requests that started on the slow chain {slowest}: " + "; ".join(parts)
+
+
+def _range(figs: list[dict[str, Any]], key: str) -> str:
+    """One figure, or the replications' range."""
+    lo, hi = min(f[key] for f in figs), max(f[key] for f in figs)
+    return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}–{hi:.2f}"
+
+
+def _rates(figs: list[dict[str, Any]]) -> str:
+    return _range(figs, "arrival_rate")
+
+
+def saved_plot_data(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """From the saved migration-jffc.json and .csv: the replications' figures and the requests' rows."""
     saved = json.loads((out / f"{NAME}.json").read_text())
-    rows = read_csv(out / f"{NAME}.csv")
-    responses = {p: [r["response_s"] for r in rows if r["policy"] == p and not r["error"]] for p, _ in POLICIES}
-    load = re.search(r"= (\d+\.\d+), while", " ".join(saved["lines"]))
-    n = sum(r["policy"] == "none" for r in rows)
-    return (responses, saved["data"]["lower_bound_s"], saved["data"]["upper_bound_s"],
-            float(load.group(1)) if load else math.nan, n, saved)
+    return saved["data"]["replications"], read_csv(out / f"{NAME}.csv")
 
 
 def replot(out: Path) -> Summary:
-    """migration-jffc.png again from the saved migration-jffc.csv (one row per request and policy) and
-    migration-jffc.json (its bound and summary lines, which are kept as they were)."""
-    responses, lower, upper, load, n, saved = saved_plot_data(out)
-    _plot(out / f"{NAME}.png", responses, lower, upper, load, n)
-    return Summary(NAME, "JFFC with live migration vs plain JFFC vs the Theorem 3.7 lower bound", saved["command"],
-                   saved["lines"], data=saved["data"])
+    """migration-jffc.png again from the saved migration-jffc.json (its replications' figures and summary lines,
+    kept as they were) and .csv (one row per request and policy)."""
+    saved = json.loads((out / f"{NAME}.json").read_text())
+    _plot(out / f"{NAME}.png", *saved_plot_data(out))
+    return Summary(NAME, TITLE, saved["command"], saved["lines"], data=saved["data"])
 
 
-def migration_figure(responses: dict[str, list[float]], lower_s: float, upper_s: float, load: float, n: int):
-    """Response-time CDFs of both policies (every request a step, its mean ± 95 % CI as a bar below); the
-    Theorem 3.7 bounds are a steady-state statement at the measured load and are written in the caption, not
-    drawn next to a replay of ``n`` requests from an empty swarm, which they do not describe."""
-    fig, axes = figure(figsize=(6.8, 4.4))
-    ax = axes[0][0]
-    for k, (policy, label) in enumerate(POLICIES):
-        resp = np.sort(np.asarray(responses.get(policy, []), dtype=float))
-        if not resp.size:
-            continue
-        mean, half = mean_ci(resp)
-        line, = ax.step(resp, np.arange(1, resp.size + 1) / resp.size, where="post", marker=".",
-                        label=f"{label}: mean {mean:.1f} ± {half:.1f} s (n = {resp.size})")
-        ax.errorbar(mean, -0.06 - 0.06 * k, xerr=half, fmt="o", color=line.get_color(), capsize=3)
-    ax.set_ylim(-0.18, 1.04)
-    ax.set_xlabel("response time (s)")
-    ax.set_ylabel("fraction of requests\n(below 0: mean ± 95 % CI)")
-    ax.set_title("Live replay: JFFC with and without migration")
-    ax.legend(loc="upper left", fontsize=8)
-    bound = (f"Theorem 3.7 bounds for the measured chains: [{lower_s:.0f}, {upper_s:.0f}] s, a steady-state mean at "
-             f"load {load:.2f}; not drawn: this replay is {n} requests from an empty swarm, far from steady state"
-             if math.isfinite(lower_s) else "no Theorem 3.7 bound: the measured load is not below the chains' capacity")
-    fig.supxlabel(bound, fontsize=7, wrap=True)
+def migration_figure(figs: list[dict[str, Any]], rows: list[dict[str, Any]]):
+    """Left: each replication's steady-state mean response under both policies, joined by a line, with Theorem
+    3.7's interval for that replication as a grey bar behind plain JFFC. Right: the measured requests' response
+    times pooled over the replications, one CDF per policy."""
+    fig, axes = figure(1, 2, figsize=(10.0, 4.2), width_ratios=[2, 3])
+    ax, bx = axes[0]
+    for i, f in enumerate(figs):
+        if math.isfinite(f["upper_s"]):
+            ax.plot([0, 0], [f["lower_s"], f["upper_s"]], color="0.75", lw=8, solid_capstyle="butt",
+                    label="Theorem 3.7 bounds" if i == 0 else None, zorder=1)
+        ax.plot([0, 1], [f["mean_response_s"]["none"], f["mean_response_s"]["jffc"]], "o-", color="tab:blue",
+                alpha=0.7, label="one replication" if i == 0 else None, zorder=2)
+    ax.set_xticks([0, 1], [label for _, label in POLICIES])
+    ax.set_xlim(-0.5, 1.5)
+    ax.set_ylabel("mean response of the measured requests (s)")
+    ax.set_title("Paired by replication")
+    ax.legend(loc="upper right", fontsize=8)
+    for policy, label in POLICIES:
+        resp = np.sort([float(r["response_s"]) for r in rows if r["policy"] == policy and _true(r["measured"])])
+        if resp.size:
+            mean, half = mean_ci(resp)
+            bx.step(resp, np.arange(1, resp.size + 1) / resp.size, where="post",
+                    label=f"{label}: mean {mean:.1f} ± {half:.1f} s (n = {resp.size})")
+    bx.set_xlabel("response time (s)")
+    bx.set_ylabel("fraction of measured requests")
+    bx.set_title("All replications' measured requests")
+    bx.legend(loc="lower right", fontsize=8)
     return fig
 
 
-def _plot(path: Path, responses: dict[str, list[float]], lower_s: float, upper_s: float, load: float,
-          n: int) -> None:
+def _true(value: Any) -> bool:
+    """A CSV boolean back (read_csv may give a bool or its text)."""
+    return value is True or str(value).lower() == "true"
+
+
+def _plot(path: Path, figs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
     """Draw :func:`migration_figure` to ``path``."""
-    save_figure(migration_figure(responses, lower_s, upper_s, load, n), path)
+    save_figure(migration_figure(figs, rows), path)

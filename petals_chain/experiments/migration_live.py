@@ -7,9 +7,12 @@ Servers slower than the machine run under :mod:`petals_chain.launch.slowdown` (e
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import threading
 import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,3 +208,36 @@ def replay(model: Any, policy: str, arrivals: np.ndarray, prompts: list[list[int
 def prompts_for(n: int, vocab: int, rng: np.random.Generator, length: int = 8) -> list[list[int]]:
     """Random prompts of ``length`` tokens (token 1 first, as a BOS)."""
     return [[1, *rng.integers(3, vocab, length - 1).tolist()] for _ in range(n)]
+
+
+def wait_idle(sw: LocalSwarm, timeout_s: float = 120.0) -> None:
+    """Until no lease is held (a policy is switched only while nothing runs)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and sw.get("/health")["active_leases"]:
+        time.sleep(0.2)
+
+
+def save_replication(path: Path | None, rep: dict[str, Any]) -> None:
+    """Append one finished replication (its ``runs``: policy → list of :class:`Request`) to a checkpoint file, one
+    JSON line; nothing without a path (a --quick run keeps none)."""
+    if path is None:
+        return
+    line = {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def load_replications(path: Path | None, key: Callable[[dict[str, Any]], Hashable]) -> dict[Hashable, dict[str, Any]]:
+    """The replications a checkpoint holds, by ``key(replication)``, their requests as :class:`Request` again
+    (none without a file)."""
+    if path is None or not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        d["runs"] = {p: [Request(**{**r, "move_modes": tuple(r["move_modes"]), "tokens": tuple(r["tokens"]),
+                                    "segments": tuple(tuple(s) for s in r["segments"])}) for r in rs]
+                     for p, rs in d["runs"].items()}
+        out[key(d)] = d
+    return out

@@ -3,14 +3,13 @@ the experiment; tests/live covers the packers on a real swarm)."""
 
 from __future__ import annotations
 
-import json
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 from petals_chain.experiments import mell_consolidate as mc
-from petals_chain.experiments.migration_live import Request
+from petals_chain.experiments.migration_live import Request, load_replications, save_replication
 from petals_chain.experiments.paired import paired
 
 
@@ -58,8 +57,10 @@ def test_summary_pairs_server_seconds_by_replication_at_each_load(tmp_path: Path
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.jsonl"
     reps = [_rep(0, 12.0, 12.0), _rep(1, 14.0, 13.0)]
-    path.write_text("".join(json.dumps(mc._to_json(r)) + "\n" for r in reps))
-    back = mc._load(path)
+    for r in reps:
+        save_replication(path, r)
+    back = load_replications(path, mc._key)
     assert sorted(back) == [(0.8, 0), (0.8, 1)]
     assert back[(0.8, 1)]["runs"]["mell"][1] == reps[1]["runs"]["mell"][1]
-    assert mc._load(None) == {} and mc._load(tmp_path / "none.jsonl") == {}
+    assert load_replications(None, mc._key) == {} and load_replications(tmp_path / "none.jsonl", mc._key) == {}
+    save_replication(None, reps[0])  # a --quick run keeps nothing

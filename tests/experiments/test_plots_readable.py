@@ -193,8 +193,7 @@ def _fig8() -> Any:
 def _migration() -> Any:
     from petals_chain.experiments import migration_jffc as m
 
-    responses, lower, upper, load, n, _ = m.saved_plot_data(RESULTS)
-    return m.migration_figure(responses, lower, upper, load, n)
+    return m.migration_figure(*m.saved_plot_data(RESULTS))
 
 
 def _fig10() -> Any:
