@@ -1,57 +1,109 @@
 """Moldable jobs on a live swarm: the speculative width k of each session chosen by the orchestrator in its lease reply,
 by greedy(p*) from the load it measures, against fixed k = 1 and fixed maximum k; SmolLM2-135M over two loopback
-servers with an emulated round trip per hop (docs/moldable.md, "Speculative width on the swarm", "Width through the
-lease API")."""
+servers that batch their sessions' steps, with an emulated round trip per hop (docs/moldable.md,
+"Speculative width on the swarm", "Width against batching", "Width through the lease API").
+
+On batching servers a session's speculative positions are rows of the same step as every other session's tokens, so
+the speed-up of width k depends on the batch it shares. The calibration therefore measures s(k) with 0, 2 and 5
+other sessions decoding beside the measured one (``OTHERS``); the orchestrator loads that profile, and ``greedy-p``
+chooses from the s(k) measured at the count nearest to the leases held, while ``greedy-p-lone`` keeps the lone
+session's s(k) (the rule before batching). Each replication draws one Poisson arrival sequence per load and serves it
+under all four policies (the same arrivals); the comparison is paired by replication (experiments/paired.py). A full
+run keeps the calibration and every finished cell in its checkpoint (.cache/experiments) with the machine's load
+average, and resumes from it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
+import os
 import tempfile
+import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from petals_chain import defaults
-from petals_chain.experiments.common import REPO, Summary, mean_ci, read_csv, replotting, save_figure, write_csv
+from petals_chain.experiments.common import (REPO, Summary, checkpoint_path, figure, mean_ci, read_csv, replotting,
+                                             save_figure, write_csv)
+from petals_chain.experiments.paired import paired
 from petals_chain.model import SpecError
-from petals_chain.moldable.speedup import SpeedUp, concave_hull
 from petals_chain.moldable.live import POLICIES, policy_probabilities
+from petals_chain.moldable.speedup import SpeedUp, concave_hull
 
 NAME = "moldable_live"
 REPLOT = True  # `--replot` redraws moldable_live.png and its README section from the saved CSVs
 MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
 RTT_S = 0.25  # emulated round trip, client to each server, per step (a WAN swarm: round trips dominate)
 UNITS = 8  # width units of the swarm: a session of width k holds k of them
-WIDTHS = tuple(range(1, 9))
+WIDTHS = (1, 2, 3, 4, 6, 8)  # widths the calibration measures (the concave hull fills the others in)
 HEADROOM = defaults.TARGET_LOAD
+FULL = {"prompts": 3, "new_tokens": 24, "loads": (0.3, 0.7), "window_s": 60.0, "replications": 3, "others": (0, 2, 5)}
+QUICK = {"prompts": 2, "new_tokens": 16, "loads": (0.7,), "window_s": 30.0, "replications": 1, "others": (0, 2)}
+BUSY_TOKENS = 48  # new tokens of each background session of the calibration (it starts another when done)
 
 
 def run(args) -> Summary:
-    """Measure s(k) (a --quick run reuses the profile saved by an earlier run, if any), start the swarm whose
-    orchestrator chooses widths from that profile, then serve each load under each policy (quick: fewer prompts, 2
-    loads); ``--replot`` redraws the PNG and the README section from the saved CSVs."""
-    if args.quick:
-        n_prompts, new_tokens, loads, window_s = 3, 24, (0.3, 0.7), 60.0
-    else:
-        n_prompts, new_tokens, loads, window_s = 6, 32, (0.2, 0.45, 0.7), 90.0
-    settings = (new_tokens, window_s, n_prompts)
+    """Calibrate s(k) beside 0..5 other sessions (unless the checkpoint holds it), start the swarm whose orchestrator
+    chooses widths from that profile, then serve every (replication, load, policy) cell not yet in the checkpoint;
+    ``--replot`` redraws the PNG and the README section from the saved CSVs."""
+    size = QUICK if args.quick else FULL
     if replotting(args):
-        chain = _saved_chain(args.out / f"{NAME}.json")
+        saved = json.loads((args.out / f"{NAME}.json").read_text())
         return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
-                       read_csv(args.out / f"{NAME}_sessions.csv"), chain, settings,
-                       reused=_saved_reuse(args.out / f"{NAME}.json"))
+                       read_csv(args.out / f"{NAME}_sessions.csv"), saved["data"]["chain"], saved["data"]["size"],
+                       saved["data"].get("loadavg", []))
+    ckpt = checkpoint_path(NAME, args)
+    done = _load(ckpt)
+    calib = done.get("calibration")
+    if calib is None:
+        calib = {"rows": _calibrate(size), "loadavg": os.getloadavg()}
+        _save(ckpt, {"kind": "calibration", **calib})
     profile = args.out / f"{NAME}_speedup.csv"
-    reused = args.quick and profile.is_file()
-    calib = read_csv(profile) if reused else _calibrate(n_prompts, new_tokens)
-    for row in calib:
-        row["width"] = int(row["width"])
-    if not reused:
-        write_csv(profile, calib)
-    sessions, chain = _live(args, profile, calib[0]["service_s"], new_tokens, loads, window_s, _prompts(n_prompts))
-    return _report(args, calib, sessions, chain, settings, reused=reused)
+    write_csv(profile, calib["rows"])
+    cells = [(rep, load, policy) for rep in range(size["replications"]) for load in size["loads"]
+             for policy in POLICIES]
+    missing = [c for c in cells if c not in done]
+    chain = done.get("chain", "?")
+    if missing:
+        def keep(cell: dict[str, Any]) -> None:
+            done[(cell["rep"], cell["load"], cell["policy"])] = cell
+            _save(ckpt, {"kind": "cell", **cell})
+
+        chain = _live(args, profile, calib["rows"], size, missing, keep)
+        _save(ckpt, {"kind": "chain", "chain": chain})
+    sessions = [row for c in cells for row in done[c]["rows"]]
+    loadavg = [calib["loadavg"][0], *(done[c]["loadavg"][0] for c in cells)]
+    return _report(args, calib["rows"], sessions, chain, size, loadavg)
+
+
+def _save(path: Path | None, record: dict[str, Any]) -> None:
+    """Append one record (the calibration, a cell, the chain served) to the checkpoint; nothing without one."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(record) + "\n")
+
+
+def _load(path: Path | None) -> dict[Any, Any]:
+    """The checkpoint's records: 'calibration', 'chain', and each cell by (replication, load, policy)."""
+    out: dict[Any, Any] = {}
+    if path is None or not path.is_file():
+        return out
+    for d in map(json.loads, path.read_text().splitlines()):
+        kind = d.pop("kind")
+        if kind == "cell":
+            out[(int(d["rep"]), float(d["load"]), d["policy"])] = d
+        elif kind == "chain":
+            out["chain"] = d["chain"]
+        else:
+            out[kind] = d
+    return out
 
 
 def _prompts(n: int) -> tuple[str, ...]:
@@ -62,7 +114,8 @@ def _prompts(n: int) -> tuple[str, ...]:
 
 
 def _swarm(logs: Path, extra: tuple[str, ...] = ()):
-    """The loopback swarm of this experiment: two SmolLM2 servers, one chain of UNITS slots."""
+    """The loopback swarm of this experiment: two SmolLM2 servers (batching their sessions' steps, the default),
+    one chain of UNITS slots."""
     from petals_chain.loopback.swarm import LocalSwarm, ServerPlan
 
     if not (MODEL / "model.safetensors").is_file():
@@ -72,30 +125,69 @@ def _swarm(logs: Path, extra: tuple[str, ...] = ()):
                       arrival_rate=0.2, c=UNITS, orchestrator_args=extra)
 
 
-def _calibrate(n_prompts: int, new_tokens: int) -> list[dict]:
-    """s(k) of lone sessions at every width on a swarm of its own (widths fixed by the client)."""
+@contextlib.contextmanager
+def busy(model, tokenizer, others: int, prompts: tuple[str, ...]) -> Iterator[None]:
+    """``others`` sessions decoding greedily at width 1 (the same emulated round trip) until the block ends, each
+    starting another when it finishes: the batch a measured session shares its steps with."""
+    from petals_chain.loopback.speculative_load import one_session
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            try:
+                one_session(model, tokenizer, prompts[i % len(prompts)], BUSY_TOKENS, 1, RTT_S)
+            except BaseException as exc:  # reported when the block ends
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(others)]
+    for th in threads:
+        th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(600)
+    if errors:
+        raise RuntimeError(f"{len(errors)} background sessions failed; first: {errors[0]!r}") from errors[0]
+
+
+def _calibrate(size: dict[str, Any]) -> list[dict]:
+    """s(k) of a session at each width with 0, 2, … other sessions decoding beside it, on a swarm of its own
+    (widths fixed by the client); one row per (others, width)."""
     from transformers import AutoTokenizer
 
     from petals_chain import AutoDistributedModelForCausalLM
     from petals_chain.client.model import close_client
     from petals_chain.loopback.speculative_load import measure_speedup
 
+    prompts = _prompts(size["prompts"])
+    rows = []
     with tempfile.TemporaryDirectory(prefix="moldable-calib-") as logs, _swarm(Path(logs)) as sw:
         sw.start(timeout_s=600)
         model = AutoDistributedModelForCausalLM.from_pretrained(str(MODEL), orchestrator=sw.url,
                                                                lease_timeout_s=600.0)
+        tok = AutoTokenizer.from_pretrained(str(MODEL))
         try:
-            return measure_speedup(model, AutoTokenizer.from_pretrained(str(MODEL)), WIDTHS, new_tokens, RTT_S,
-                                   prompts=_prompts(n_prompts))
+            for others in size["others"]:
+                print(f"[{NAME}] s(k) beside {others} other sessions", flush=True)
+                with busy(model, tok, others, prompts):
+                    got = measure_speedup(model, tok, WIDTHS, size["new_tokens"], RTT_S, prompts=prompts)
+                rows += [{"others": others, **r} for r in got]
         finally:
             close_client(model)
+    return rows
 
 
-def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, ...],
-          window_s: float, prompts: tuple[str, ...]) -> tuple[list[dict], str]:
-    """Every (load, policy) cell on a swarm whose orchestrator chooses the widths (--width, --speedup-profile): the
-    client leases with k_max = the widest width and decodes with model.generate(); the policy is switched between
-    cells (POST /width, the cell's arrival rate as the prior). The rows and the chain served."""
+def _live(args, profile: Path, calib: list[dict], size: dict[str, Any], cells: list[tuple[int, float, str]],
+          keep: Callable[[dict[str, Any]], None]) -> str:
+    """Every missing cell on a swarm whose orchestrator chooses the widths (--width, --speedup-profile with the
+    batch profile): the client leases with k_max = the widest width and decodes with model.generate(); the policy
+    is switched between cells (POST /width, the cell's arrival rate as the prior). Replication r's arrivals at a
+    load are the same for every policy. Returns the chain served."""
     from transformers import AutoTokenizer
 
     from petals_chain import AutoDistributedModelForCausalLM
@@ -103,7 +195,7 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
     from petals_chain.loopback.speculative_load import serve_load
     from petals_chain.protocol.blocking import request_json
 
-    seq = np.random.SeedSequence(args.seed)
+    t1 = next(r["service_s"] for r in calib if int(r["others"]) == min(size["others"]) and int(r["width"]) == 1)
     extra = ("--width", "greedy-p", "--speedup-profile", str(profile), "--width-seed", str(args.seed))
     with tempfile.TemporaryDirectory(prefix="moldable-live-") as logs, _swarm(Path(logs), extra) as sw:
         sw.start(timeout_s=600)
@@ -114,199 +206,202 @@ def _live(args, profile: Path, t1: float, new_tokens: int, loads: tuple[float, .
                                                                emulated_rtt_s=RTT_S)
         tok = AutoTokenizer.from_pretrained(str(MODEL))
         try:
-            sessions = []
-            cells = []
-            for load, per_load in zip(loads, seq.spawn(len(loads))):
-                cells += [(load, policy, per_load) for policy in POLICIES]  # the same arrivals for every policy
-            for load, policy, arrivals in tqdm(cells, desc="load × policy cells"):
+            for rep, load, policy in cells:
                 rate = load * units / t1
                 request_json(sw.url + "/width", data={"policy": policy, "arrival_rate": rate},
-                          token=sw.api_token or sw.token)
-                rows = serve_load(model, tok, policy, load, rate, window_s, new_tokens,
-                                  np.random.default_rng(arrivals), prompts)
+                             token=sw.api_token or sw.token)
+                print(f"[{NAME}] replication {rep}, load {load}: {policy} at {rate:.3f} arrivals/s", flush=True)
+                before = os.getloadavg()
+                arrivals = np.random.default_rng([args.seed, rep, int(round(load * 1000))])
+                rows = serve_load(model, tok, policy, load, rate, size["window_s"], size["new_tokens"], arrivals,
+                                  _prompts(size["prompts"]))
                 measured = sw.get("/width")
-                sessions += [{**r.row(), "measured_load": measured["load"]} for r in rows]
+                keep({"rep": rep, "load": load, "policy": policy, "loadavg": before,
+                      "rows": [{**r.row(), "rep": rep, "measured_load": measured["load"]} for r in rows]})
         finally:
             close_client(model)
-    return sessions, " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
+    return " → ".join(f"{h['server']}[{h['start']}:{h['end']}]" for h in spans)
 
 
-REUSED_LINE = ("s(k): the profile an earlier run of this experiment measured on this machine (a --quick run "
-               "reuses it; the orchestrator loads the same file with --speedup-profile)")
+def profiles(calib: list[dict]) -> dict[int, SpeedUp]:
+    """Per count of others, the concave hull of the measured tokens per second, normalised to width 1 (a profile
+    without an ``others`` column was measured alone: count 0)."""
+    groups: dict[int, list[dict]] = {}
+    for r in calib:
+        groups.setdefault(int(r.get("others") or 0), []).append(r)
+    return {b: concave_hull([int(r["width"]) for r in rs], [float(r["tokens_per_s"]) for r in rs])
+            for b, rs in sorted(groups.items())}
 
 
-def _saved_reuse(path: Path) -> bool:
-    """Whether the saved run reused an earlier s(k) profile (its summary says so)."""
-    return path.is_file() and REUSED_LINE in json.loads(path.read_text()).get("lines", [])
-
-
-def _saved_chain(path: Path) -> str:
-    """The chain a saved run served ('a[0:16] → b[16:30]'), from its JSON ('?' when unknown)."""
-    if not path.is_file():
-        return "?"
-    saved = json.loads(path.read_text())
-    if "chain" in saved.get("data", {}):
-        return saved["data"]["chain"]
-    match = re.search(r"chain (.+?), emulated", (saved.get("lines") or [""])[0])
-    return match.group(1) if match else "?"
-
-
-def fit(calib: list[dict]) -> SpeedUp:
-    """The concave hull of the measured tokens per second, normalised to width 1."""
-    return concave_hull([int(r["width"]) for r in calib], [r["tokens_per_s"] for r in calib])
-
-
-def saved_plot_data(out: Path) -> tuple[list[dict], SpeedUp, list[dict]]:
-    """From the saved CSVs: the calibration rows, the fitted s(k) and the per-load, per-policy summary rows."""
+def saved_plot_data(out: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """From the saved CSVs: the calibration rows, the per-load, per-policy summary rows and the sessions."""
     calib = read_csv(out / f"{NAME}_speedup.csv")
-    speedup = fit(calib)
-    return calib, speedup, _summarise(read_csv(out / f"{NAME}_sessions.csv"), speedup)
+    sessions = read_csv(out / f"{NAME}_sessions.csv")
+    fits = profiles(calib)
+    return calib, _summarise(sessions, fits[min(fits)]), sessions
 
 
-def _report(args, calib: list[dict], sessions: list[dict], chain: str, settings: tuple[int, float, int],
-            reused: bool = False) -> Summary:
+def _report(args, calib: list[dict], sessions: list[dict], chain: str, size: dict[str, Any],
+            loadavg: list[float]) -> Summary:
     """Fit, summarise, write the CSVs (not when replotting) and the PNG; the Summary for results/README.md."""
-    speedup = fit(calib)
+    fits = profiles(calib)
+    lone = fits[min(fits)]
     for row in calib:
+        s = fits[int(row.get("others") or 0)]
         w = int(row["width"])
-        row["fitted_speedup"] = speedup.s[w - 1] if w <= speedup.d else float("nan")
-    rows = _summarise(sessions, speedup)
+        row["fitted_speedup"] = s.s[w - 1] if w <= s.d else float("nan")
+    rows = _summarise(sessions, lone)
     if not replotting(args):
         write_csv(args.out / f"{NAME}_speedup.csv", calib)
         write_csv(args.out / f"{NAME}_sessions.csv", sessions)
     write_csv(args.out / f"{NAME}.csv", rows)
-    _plot(calib, speedup, rows, args.out / f"{NAME}.png")
-    lines = _lines(calib, speedup, rows, chain, *settings)
-    if reused:
-        lines.insert(1, REUSED_LINE)
-    return Summary(NAME, "speculative width by greedy(p*) on a live swarm",
+    save_figure(live_figure(calib, rows, sessions), args.out / f"{NAME}.png")
+    lines = _lines(calib, fits, rows, sessions, chain, size, loadavg)
+    return Summary(NAME, "speculative width by greedy(p*) on a live swarm of batching servers",
                    f"python -m petals_chain.experiments moldable-live{' --quick' if args.quick else ''} "
                    f"--seed {args.seed}", lines,
-                   data={"speedup": list(speedup.s), "chain": chain, "rows": rows, "calibration": calib})
+                   data={"speedup_by_others": {str(b): list(s.s) for b, s in fits.items()}, "chain": chain,
+                         "rows": rows, "calibration": calib, "size": size, "loadavg": loadavg,
+                         "paired": _paired(sessions)})
 
 
-def _summarise(sessions: list[dict], speedup) -> list[dict]:
-    """Per load and policy: sessions, mean response (95 % CI), wait, service, tokens per second, the widths the
-    orchestrator chose (mean and counts) and the load it measured at the end of the cell."""
+def _summarise(sessions: list[dict], speedup: SpeedUp) -> list[dict]:
+    """Per load and policy over every replication: sessions, mean response (95 % CI over sessions), wait, service,
+    tokens per second, the widths the orchestrator chose (mean and counts), the mean width of greedy(p*)'s law at
+    that load with the lone s(k), and the load it measured at the end of the cells."""
     rows = []
-    for load in sorted({s["load"] for s in sessions}):
+    for load in sorted({float(s["load"]) for s in sessions}):
         for policy in POLICIES:
-            mine = [s for s in sessions if s["load"] == load and s["policy"] == policy]
+            mine = [s for s in sessions if float(s["load"]) == load and s["policy"] == policy]
             if not mine:
                 continue
-            resp, resp_ci = mean_ci(s["response_s"] for s in mine)
-            tps, tps_ci = mean_ci(s["tokens_per_s"] for s in mine)
+            resp, resp_ci = mean_ci(float(s["response_s"]) for s in mine)
+            tps, tps_ci = mean_ci(float(s["tokens_per_s"]) for s in mine)
             p = policy_probabilities(policy, speedup, load, HEADROOM)
             rows.append({"load": load, "policy": policy, "sessions": len(mine), "response_s": resp,
-                         "response_ci_s": resp_ci, "wait_s": float(np.mean([s["wait_s"] for s in mine])),
-                         "service_s": float(np.mean([s["service_s"] for s in mine])), "tokens_per_s": tps,
-                         "tokens_per_s_ci": tps_ci, "mean_width": float(np.mean([s["width"] for s in mine])),
+                         "response_ci_s": resp_ci, "wait_s": float(np.mean([float(s["wait_s"]) for s in mine])),
+                         "service_s": float(np.mean([float(s["service_s"]) for s in mine])), "tokens_per_s": tps,
+                         "tokens_per_s_ci": tps_ci, "mean_width": float(np.mean([int(s["width"]) for s in mine])),
                          "law_mean_width": float(np.dot(np.arange(1, p.size + 1), p)),
                          "widths": " ".join(f"{k}:{n}" for k, n in sorted(Counter(int(s["width"]) for s in mine)
                                                                           .items())),
-                         "measured_load": float(mine[-1].get("measured_load", float("nan")))})
+                         "measured_load": float(np.mean([float(s.get("measured_load", "nan")) for s in mine]))})
     return rows
 
 
-def _lines(calib: list[dict], speedup, rows: list[dict], hops: str, new_tokens: int, window_s: float,
-           n_prompts: int) -> list[str]:
-    """Headlines: s(k) measured and fitted, then per load each policy and which one wins, said plainly."""
-    base = calib[0]["tokens_per_s"]
-    out = [f"SmolLM2-135M, chain {hops}, emulated RTT {RTT_S * 1e3:.0f} ms per hop per step, {new_tokens} new "
-           f"tokens per session, {n_prompts} prompts, prompt-lookup drafts; the orchestrator chooses each "
-           f"session's width in its lease reply (--width, POST /width between cells) over {UNITS} width units "
-           f"(the chain's slots), headroom ρ̄ = {HEADROOM}; the client decodes with model.generate(); Poisson "
-           f"arrivals for {window_s:.0f} s per cell, the same arrivals for every policy",
-           "measured s(k), k = 1..8 (tokens/s over k = 1): "
-           + ", ".join(f"{r['tokens_per_s'] / base:.2f}" for r in calib)
-           + "; tokens/step " + ", ".join(f"{r['tokens_per_step']:.2f}" for r in calib),
-           "fitted concave s: " + ", ".join(f"{v:.2f}" for v in speedup.s)
-           + (f" (cut at k = {speedup.d}: wider never helped)" if speedup.d < len(calib) else "")]
-    acc = [r["accept_rate"] for r in calib[1:]]
-    n_hops = hops.count("→") + 1
-    step_s = calib[0]["service_s"] / new_tokens
-    out.append(f"drafts kept {min(acc):.0%}–{max(acc):.0%} of the time (k = 2..8), at most "
-               f"{max(r['tokens_per_step'] for r in calib):.2f} tokens per step, so the best fitted speed-up is "
-               f"{speedup.s[-1]:.2f}; a width-1 step took {step_s:.2f} s, of which {n_hops * RTT_S:.2f} s emulated "
-               "round trips (the rest is compute on the shared CPUs, which grows with k)")
-    for load in sorted({r["load"] for r in rows}):
-        cell = {r["policy"]: r for r in rows if r["load"] == load}
-        out.append(f"load {load:.2f}: " + "; ".join(
-            f"{p} response {r['response_s']:.2f} ± {r['response_ci_s']:.2f} s (wait {r['wait_s']:.2f} s), "
-            f"{r['tokens_per_s']:.2f} tok/s, width {r['mean_width']:.2f} (k:count {r.get('widths', '?')}), "
-            f"n = {r['sessions']}"
-            for p, r in cell.items()))
-        if len(cell) == len(POLICIES):
-            out.append(f"load {load:.2f}: {verdict(cell)}")
-            top = cell["fixed-max"]
-            out.append(f"load {load:.2f}: fixed-max (mean width {top['mean_width']:.2f}) waited {top['wait_s']:.1f} s "
-                       f"for a lease on average (greedy(p*) {cell['greedy-p']['wait_s']:.1f} s, fixed 1 "
-                       f"{cell['fixed-1']['wait_s']:.1f} s); load the orchestrator measured at the end: greedy(p*) "
-                       f"{cell['greedy-p'].get('measured_load', float('nan')):.2f}")
+def _rep_means(sessions: list[dict]) -> dict[tuple[float, str], dict[int, float]]:
+    """Mean response per (load, policy) and replication (a run without replications is replication 0)."""
+    out: dict[tuple[float, str], dict[int, list[float]]] = {}
+    for s in sessions:
+        key = (float(s["load"]), s["policy"])
+        out.setdefault(key, {}).setdefault(int(s.get("rep") or 0), []).append(float(s["response_s"]))
+    return {k: {r: float(np.mean(v)) for r, v in reps.items()} for k, reps in out.items()}
+
+
+def _paired(sessions: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per load, greedy(p*) minus each other policy, paired by replication (the same arrivals): 'LOAD/POLICY' →
+    the paired summary's fields."""
+    means = _rep_means(sessions)
+    out = {}
+    for load in sorted({k[0] for k in means}):
+        g = means.get((load, "greedy-p"), {})
+        for policy in POLICIES[1:]:
+            other = means.get((load, policy), {})
+            reps = sorted(set(g) & set(other))
+            if reps:
+                p = paired([g[r] - other[r] for r in reps])
+                out[f"{load}/{policy}"] = {"mean": p.mean, "half_width": p.half_width, "n": p.n,
+                                           "detectable": p.detectable, "text": p.text(" s", 2)}
     return out
 
 
-def verdict(cell: dict[str, dict]) -> str:
-    """greedy(p*) against the better fixed width at one load, by mean response time: 'helps' or 'does NOT help'
-    only when the difference exceeds the two 95 % intervals combined (NaN intervals count as unknown: no verdict)."""
-    best = min(("fixed-1", "fixed-max"), key=lambda p: cell[p]["response_s"])
-    g, f = cell["greedy-p"], cell[best]
-    diff = g["response_s"] - f["response_s"]
-    noise = float(np.hypot(g["response_ci_s"], f["response_ci_s"]))
-    rel = diff / f["response_s"]
-    if abs(g["mean_width"] - f["mean_width"]) < 0.05:
-        return (f"greedy(p*) ran the widths {best} runs (mean {g['mean_width']:.2f}): the {rel:+.0%} between them "
-                "is the shared machine's noise, not the width")
-    if not np.isfinite(noise):
-        return f"too few sessions to compare greedy(p*) with {best} ({rel:+.0%} mean response)"
-    if diff < -noise:
-        return f"greedy(p*) helps: {-rel:.0%} lower mean response than the better fixed width ({best})"
-    if diff > noise:
-        return f"greedy(p*) does NOT help: {rel:.0%} higher mean response than {best}"
-    return f"no clear difference between greedy(p*) and {best} ({rel:+.0%}, within the 95 % intervals)"
+def _lines(calib: list[dict], fits: dict[int, SpeedUp], rows: list[dict], sessions: list[dict], hops: str,
+           size: dict[str, Any], loadavg: list[float]) -> list[str]:
+    """Headlines: s(k) measured and fitted per batch, then per load each policy, and greedy(p*) against each other
+    policy paired by replication."""
+    reps = len({int(s.get("rep") or 0) for s in sessions})
+    out = [f"SmolLM2-135M on two batching servers, chain {hops}, emulated RTT {RTT_S * 1e3:.0f} ms per hop per step, "
+           f"{size['new_tokens']} new tokens per session, {size['prompts']} prompts, prompt-lookup drafts; the "
+           f"orchestrator chooses each session's width in its lease reply (--width, POST /width between cells) over "
+           f"{UNITS} width units (the chain's slots), headroom ρ̄ = {HEADROOM}; {reps} replication"
+           f"{'s' if reps > 1 else ''}, each one Poisson arrival sequence per load ({size['window_s']:.0f} s) served "
+           "under every policy"]
+    for b, s in fits.items():
+        mine = [r for r in calib if int(r.get("others") or 0) == b]
+        base = next(float(r["tokens_per_s"]) for r in mine if int(r["width"]) == 1)
+        out.append(f"beside {b} other session{'s' if b != 1 else ''}: measured tokens/s over width 1 at k = "
+                   + ", ".join(f"{int(r['width'])}: {float(r['tokens_per_s']) / base:.2f}" for r in mine)
+                   + f" (width 1: {base:.2f} tokens/s, {float(mine[0]['tokens_per_step']):.2f} tokens/step); "
+                   "fitted concave s: " + ", ".join(f"{v:.2f}" for v in s.s)
+                   + (f" (cut at k = {s.d}: wider never helped)" if s.d < max(int(r["width"]) for r in mine)
+                      else ""))
+    for load in sorted({r["load"] for r in rows}):
+        cell = {r["policy"]: r for r in rows if r["load"] == load}
+        out.append(f"load {load:.2f}: " + "; ".join(
+            f"{p} {r['response_s']:.2f} s (wait {r['wait_s']:.2f} s), width {r['mean_width']:.2f} "
+            f"(k:count {r['widths']}), n = {r['sessions']}" for p, r in cell.items()))
+    for key, p in _paired(sessions).items():
+        load, policy = key.split("/")
+        out.append(f"load {float(load):.2f}: greedy-p minus {policy}, mean response paired by replication: "
+                   f"{p['text']}")
+    if loadavg:
+        out.append(f"machine load average (1 min) at the calibration's and the cells' starts {min(loadavg):.2f}–"
+                   f"{max(loadavg):.2f}")
+    return out
 
 
-def live_figure(calib: list[dict], speedup, rows: list[dict]):
-    """(a) measured s(k), its concave hull and the tokens per step; (b) mean response time and (c) tokens per second
-    per session for each load (a group) and policy (side by side), with 95 % intervals and the sessions counted:
-    the loads are a few points, so nothing is drawn between them."""
-    from petals_chain.experiments.common import figure
-
+def live_figure(calib: list[dict], rows: list[dict], sessions: list[dict]):
+    """(a) measured s(k) and its concave hull for each count of other sessions in the batch; (b) mean response time
+    per load (a group) and policy (side by side), 95 % intervals over sessions; (c) greedy(p*) minus each other
+    policy per replication (dots) with the paired mean and its 95 % interval where there are two replications."""
     fig, axes = figure(1, 3, figsize=(15, 5.0))
     axes = axes[0]
-    k = [r["width"] for r in calib]
-    base = calib[0]["tokens_per_s"]
-    axes[0].plot(k, [r["tokens_per_s"] / base for r in calib], "o", label="measured tokens/s over width 1")
-    axes[0].plot(range(1, speedup.d + 1), speedup.s, "-", label="its concave hull: s(k) used")
-    axes[0].plot(k, [r["tokens_per_step"] for r in calib], "x:", label="tokens per step")
+    fits = profiles(calib)
+    for j, (b, s) in enumerate(fits.items()):
+        mine = [r for r in calib if int(r.get("others") or 0) == b]
+        base = next(float(r["tokens_per_s"]) for r in mine if int(r["width"]) == 1)
+        axes[0].plot([int(r["width"]) for r in mine], [float(r["tokens_per_s"]) / base for r in mine], "o",
+                     color=f"C{j}", label=f"measured, {b} others")
+        axes[0].plot(range(1, s.d + 1), s.s, "-", color=f"C{j}", label=f"concave hull, {b} others")
     axes[0].set_xlabel("width k (positions verified per step)")
-    axes[0].set_ylabel("relative to width 1 (×)")
-    axes[0].set_title("(a) speed-up of the speculative width")
+    axes[0].set_ylabel("tokens/s over width 1 (×)")
+    axes[0].set_title("(a) s(k) beside other sessions")
     loads = sorted({r["load"] for r in rows})
     step = 0.8 / len(POLICIES)
-    for j, (policy, marker) in enumerate(zip(POLICIES, ("o", "s", "^"))):
+    for j, (policy, marker) in enumerate(zip(POLICIES, ("o", "D", "s", "^"))):
         mine = {r["load"]: r for r in rows if r["policy"] == policy}
         xs = [i + (j - (len(POLICIES) - 1) / 2) * step for i, load in enumerate(loads) if load in mine]
         got = [mine[load] for load in loads if load in mine]
-        for ax, key, ci in ((axes[1], "response_s", "response_ci_s"), (axes[2], "tokens_per_s", "tokens_per_s_ci")):
-            ax.errorbar(xs, [r[key] for r in got], yerr=[0 if np.isnan(r[ci]) else r[ci] for r in got], fmt=marker,
-                        ms=7, capsize=4, color=f"C{j}", label=policy)
-    counts = {load: sorted({int(r["sessions"]) for r in rows if r["load"] == load}) for load in loads}
-    ticks = [f"λ = {load:g}\n(n = {'/'.join(map(str, counts[load]))} sessions)" for load in loads]
+        axes[1].errorbar(xs, [r["response_s"] for r in got],
+                         yerr=[0 if np.isnan(r["response_ci_s"]) else r["response_ci_s"] for r in got], fmt=marker,
+                         ms=7, capsize=4, color=f"C{j}", label=policy)
+    means = _rep_means(sessions)
+    others = POLICIES[1:]
+    step = 0.8 / len(others)
+    for i, load in enumerate(loads):
+        g = means.get((load, "greedy-p"), {})
+        for j, policy in enumerate(others):
+            o = means.get((load, policy), {})
+            d = [g[r] - o[r] for r in sorted(set(g) & set(o))]
+            x = i + (j - (len(others) - 1) / 2) * step
+            color = f"C{POLICIES.index(policy)}"
+            axes[2].plot([x] * len(d), d, ".", color=color, alpha=0.6,
+                         label=f"minus {policy}" if i == 0 else None)
+            if len(d) >= 2:
+                p = paired(d)
+                axes[2].errorbar(x + 0.08, p.mean, yerr=p.half_width, fmt="o", color=color, capsize=4)
+    axes[2].axhline(0.0, color="0.4", lw=0.8)
     axes[1].set_title("(b) mean response time (wait + service)")
     axes[1].set_ylabel("seconds (mean, 95 % interval)")
-    axes[2].set_title("(c) tokens per second per session")
-    axes[2].set_ylabel("tokens/s (mean, 95 % interval)")
+    axes[2].set_title("(c) greedy-p minus another policy")
+    axes[2].set_ylabel("difference of mean response (s)")
+    counts = {load: sorted({int(r["sessions"]) for r in rows if r["load"] == load}) for load in loads}
+    ticks = [f"λ = {load:g}\n(n = {'/'.join(map(str, counts[load]))} sessions)" for load in loads]
     for ax in axes[1:]:
         ax.set_xticks(range(len(loads)), ticks)
         ax.set_xlim(-0.6, len(loads) - 0.4)
         ax.set_xlabel("load λ (width-1 work per unit)")
         ax.grid(axis="x", visible=False)
-    for ax, ncol in zip(axes, (2, 3, 3)):
-        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)  # below: not over the data
+    for ax, ncol in zip(axes, (2, 2, 2)):
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=ncol)  # below: not over the data
     return fig
-
-
-def _plot(calib: list[dict], speedup, rows: list[dict], path: Path) -> None:
-    """Draw :func:`live_figure` to ``path``."""
-    save_figure(live_figure(calib, speedup, rows), path)

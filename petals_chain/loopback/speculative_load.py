@@ -53,8 +53,8 @@ class SessionResult:
         return {**asdict(self), "response_s": self.response_s, "tokens_per_s": self.new_tokens / self.service_s}
 
 
-def _one(model, tokenizer, prompt: str, new_tokens: int, width: int, rtt_s: float):
-    """One speculative generation on a fresh leased session; its stats."""
+def one_session(model, tokenizer, prompt: str, new_tokens: int, width: int, rtt_s: float):
+    """One speculative generation at a fixed width on a fresh leased session; its stats."""
     ids = tokenizer(prompt)["input_ids"]
     session = open_speculative_session(model, max_length=len(ids) + new_tokens + width + 1, emulated_rtt_s=rtt_s)
     try:
@@ -69,10 +69,10 @@ def measure_speedup(model, tokenizer, widths: Sequence[int], new_tokens: int, rt
     """Tokens per second of a lone session at each width (every prompt ``repeats`` times, widths interleaved so
     that a busy machine hurts all of them alike); one row per width."""
     samples: dict[int, list] = {k: [] for k in widths}
-    _one(model, tokenizer, prompts[0], 4, 1, rtt_s)  # warm up: connections, caches
+    one_session(model, tokenizer, prompts[0], 4, 1, rtt_s)  # warm up: connections, caches
     order = [(r, p, k) for r in range(repeats) for p in prompts for k in widths]
     for _, prompt, k in tqdm(order, desc="s(k) calibration", leave=False):
-        samples[k].append(_one(model, tokenizer, prompt, new_tokens, k, rtt_s))
+        samples[k].append(one_session(model, tokenizer, prompt, new_tokens, k, rtt_s))
     rows = []
     for k in widths:
         st = samples[k]

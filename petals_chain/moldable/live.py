@@ -16,8 +16,10 @@ import json
 import math
 import threading
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +43,11 @@ class WidthMethod:
 # schemes where they coincide (fixed-max is the paper's greedy, min(d, free)).
 WIDTH_METHODS: dict[str, WidthMethod] = {
     "greedy-p": WidthMethod("greedy-p", "greedy-p",
-                            "Theorem 1's p* at the measured load over the headroom, cut to the free units"),
+                            "Theorem 1's p* at the measured load over the headroom, cut to the free units; s(k) as "
+                            "measured with as many other sessions in the batched step as hold a lease now"),
+    "greedy-p-lone": WidthMethod("greedy-p-lone", "greedy-p",
+                                 "greedy-p with the lone session's s(k) whatever the batch (the rule before servers "
+                                 "batched their sessions' steps)"),
     "fixed-1": WidthMethod("fixed-1", None, "width 1 always (plain greedy decoding)"),
     "fixed-max": WidthMethod("fixed-max", "greedy", "the widest width d, cut to the free units (the paper's greedy)"),
 }
@@ -128,11 +134,12 @@ class WidthPolicy:
 
     def __init__(self, units: int, speedup: SpeedUp, policy: str, rng: np.random.Generator, *,
                  mean_size_s: float, mean_interarrival_s: float, headroom: float = defaults.TARGET_LOAD,
-                 weight: float = 0.2) -> None:
+                 weight: float = 0.2, batched: Mapping[int, SpeedUp] | None = None) -> None:
         if isinstance(units, bool) or not isinstance(units, int) or units < 1:
             raise SpecError(f"units: must be an integer >= 1, got {units!r}")
         policy_probabilities(policy, speedup, 0.5, headroom)  # validates policy and headroom
         self.units, self.speedup, self.policy, self.rng = units, speedup, policy, rng
+        self.batched = dict(sorted((batched or {}).items()))  # others in the step → s(k) measured so
         self.headroom = headroom
         self.weight = weight
         self.size = RateMeter(mean_size_s, weight)
@@ -154,9 +161,23 @@ class WidthPolicy:
         """The measured λ = E[S] / (E[inter-arrival] · units)."""
         return self.size.mean / (self.gap.mean * self.units)
 
-    def probabilities(self, k_max: int | None = None) -> np.ndarray:
-        """The width law now (from the measured load), over widths 1..min(d, k_max)."""
-        return policy_probabilities(self.policy, capped(self.speedup, k_max), self.load, self.headroom)
+    def measured_speedup(self, others: int = 0) -> SpeedUp:
+        """s(k) with ``others`` sessions sharing each batched step: the profile measured at the nearest count of
+        others (the smaller on a tie), the lone session's without a batch profile."""
+        if not self.batched:
+            return self.speedup
+        return self.batched[min(self.batched, key=lambda b: (abs(b - others), b))]
+
+    def speedup_for(self, others: int = 0) -> SpeedUp:
+        """The s(k) the policy chooses from with ``others`` sessions holding leases beside this one: the batch
+        profile for greedy-p, the lone session's for every other policy (greedy-p-lone ignores the batch; a fixed
+        width needs only d)."""
+        return self.measured_speedup(others) if self.policy == "greedy-p" else self.speedup
+
+    def probabilities(self, k_max: int | None = None, others: int = 0) -> np.ndarray:
+        """The width law now (from the measured load), over widths 1..min(d, k_max), with ``others`` sessions
+        sharing the batched step."""
+        return policy_probabilities(self.policy, capped(self.speedup_for(others), k_max), self.load, self.headroom)
 
     def observe_arrival(self, now_s: float) -> None:
         """Record an arrival at ``now_s`` (seconds, any monotone clock)."""
@@ -164,14 +185,17 @@ class WidthPolicy:
             self.gap.observe(max(0.0, now_s - self._last_arrival_s))
         self._last_arrival_s = now_s
 
-    def observe_service(self, width: int, service_s: float) -> None:
-        """A session at ``width`` took ``service_s``: its size at width 1 is service_s · s_width."""
+    def observe_service(self, width: int, service_s: float, others: int = 0) -> None:
+        """A session at ``width`` took ``service_s`` beside ``others``: its size at width 1 is service_s · s_width,
+        s as measured with that many others (a width past that profile's d counts as its d: wider did not help)."""
         check_width(width, "width", self.speedup.d)
-        self.size.observe(service_s * self.speedup.s[width - 1])
+        s = self.measured_speedup(others)
+        self.size.observe(service_s * s.s[min(width, s.d) - 1])
 
-    def draw(self, free: int, k_max: int | None = None) -> int:
-        """A width: min(I, free) with I from the law now (0 when nothing is free); counted in ``chosen``."""
-        width = allocate(self.probabilities(k_max), free, self.rng)
+    def draw(self, free: int, k_max: int | None = None, others: int = 0) -> int:
+        """A width: min(I, free) with I from the law now with ``others`` sessions beside (0 when nothing is free);
+        counted in ``chosen``."""
+        width = allocate(self.probabilities(k_max, others), free, self.rng)
         if width:
             self.chosen[width] += 1
         return width
@@ -192,6 +216,7 @@ class WidthChooser(WidthPolicy):
         super().__init__(units, speedup, policy, rng, mean_size_s=mean_size_s,
                          mean_interarrival_s=mean_interarrival_s, headroom=headroom, weight=weight)
         self.free = units
+        self.running = 0  # sessions holding units: the others a new session's batched steps are shared with
         self._queue: deque[int] = deque()
         self._next_ticket = 0
         self._cond = threading.Condition()
@@ -211,8 +236,9 @@ class WidthChooser(WidthPolicy):
             if not self._cond.wait_for(lambda: self._queue[0] == ticket and self.free > 0, timeout_s):
                 raise TimeoutError(f"ticket {ticket}: no width unit within {timeout_s} s")
             self._queue.popleft()
-            width = self.draw(self.free)
+            width = self.draw(self.free, others=self.running)
             self.free -= width
+            self.running += 1
             self._cond.notify_all()
             return width
 
@@ -222,18 +248,43 @@ class WidthChooser(WidthPolicy):
             if not 1 <= width <= self.units - self.free:
                 raise SpecError(f"width: {width} units were not held (free {self.free} of {self.units})")
             self.free += width
-            if service_s is not None:
-                self.observe_service(width, service_s)
+            self.running -= 1
+            if service_s is not None:  # the others it ran beside, as many as still run (an approximation)
+                self.observe_service(width, service_s, others=self.running)
             self._cond.notify_all()
 
 
-def speedup_profile(path: str | Path) -> tuple[SpeedUp, float | None]:
-    """The speed-up s(k) of a measured profile file and the service time at width 1 it gives (None if not given).
+@dataclass(frozen=True)
+class SpeedUpProfile:
+    """A measured s(k) profile: per count of other sessions sharing each batched step (0: a lone session), the
+    speed-up over width 1 measured with that many others, and the service time at width 1 of a lone session (None
+    if the file does not give it)."""
+
+    by_others: Mapping[int, SpeedUp]
+    service_s: float | None = None
+
+    @property
+    def lone(self) -> SpeedUp:
+        """The speed-up with the fewest others measured (a lone session's when 0 is measured)."""
+        return self.by_others[min(self.by_others)]
+
+    @property
+    def batched(self) -> dict[int, SpeedUp]:
+        """Every measured count of others and its speed-up, when more than one was measured (else empty: the
+        profile says nothing about batching)."""
+        return dict(sorted(self.by_others.items())) if len(self.by_others) > 1 else {}
+
+
+def speedup_profile(path: str | Path) -> SpeedUpProfile:
+    """The speed-up s(k) of a measured profile file, per count of other sessions in the batched step, and the
+    service time at width 1 it gives.
 
     CSV with a header, or JSON (a list of row objects, or ``{"rows": [...]}``). Each row has ``width`` and either
     ``tokens_per_s`` (measured: the concave hull is fitted, ``speedup.concave_hull``) or ``speedup`` (a table: it
-    must already be increasing and concave, ``speedup.SpeedUp``); ``service_s`` of the width-1 row is optional.
-    The moldable-live experiment's ``moldable_live_speedup.csv`` is such a file. SpecError naming the file otherwise.
+    must already be increasing and concave, ``speedup.SpeedUp``); ``others`` (how many other sessions shared each
+    step while it was measured; 0 when absent) groups the rows into one s(k) per count; ``service_s`` of the width-1
+    row of the fewest others is optional. The moldable-live experiment's ``moldable_live_speedup.csv`` is such a
+    file. SpecError naming the file otherwise.
     """
     path = Path(path)
     try:
@@ -252,29 +303,34 @@ def speedup_profile(path: str | Path) -> tuple[SpeedUp, float | None]:
         raise SpecError(f"speedup profile {path}: give a non-empty list of rows with 'width' and 'tokens_per_s' "
                         "(or 'speedup')")
     column = "tokens_per_s" if "tokens_per_s" in rows[0] else "speedup"
+    groups: dict[int, list[tuple[int, float, Any]]] = {}
     try:
-        widths = [float(r["width"]) for r in rows]
-        values = [float(r[column]) for r in rows]
-        if any(w != int(w) for w in widths):
-            raise ValueError(f"widths {widths} are not integers")
-        widths = [int(w) for w in widths]
+        for r in rows:
+            width, others = float(r["width"]), float(r.get("others") or 0)
+            if width != int(width) or others != int(others) or others < 0:
+                raise ValueError(f"width {r['width']!r} or others {r.get('others')!r} is not an integer >= 0")
+            groups.setdefault(int(others), []).append((int(width), float(r[column]), r.get("service_s")))
     except (KeyError, TypeError, ValueError) as exc:
         raise SpecError(f"speedup profile {path}: every row needs an integer 'width' and a number "
                         f"'tokens_per_s' or 'speedup' ({type(exc).__name__}: {exc})") from None
-    try:
-        if column == "tokens_per_s":
-            speedup = concave_hull(widths, values)
-        else:
-            if widths != list(range(1, len(widths) + 1)):
-                raise SpecError(f"speedup: a table needs widths 1..d in order, got {widths}")
-            speedup = SpeedUp(tuple(values))
-    except SpecError as exc:
-        raise SpecError(f"speedup profile {path}: {exc}") from None
-    base = next((r.get("service_s") for r, w in zip(rows, widths) if w == 1), None)
+    by_others = {}
+    for others, group in sorted(groups.items()):
+        widths, values = [w for w, _, _ in group], [v for _, v, _ in group]
+        where = f" (others = {others})" if len(groups) > 1 else ""
+        try:
+            if column == "tokens_per_s":
+                by_others[others] = concave_hull(widths, values)
+            else:
+                if widths != list(range(1, len(widths) + 1)):
+                    raise SpecError(f"speedup: a table needs widths 1..d in order, got {widths}")
+                by_others[others] = SpeedUp(tuple(values))
+        except SpecError as exc:
+            raise SpecError(f"speedup profile {path}{where}: {exc}") from None
+    base = next((svc for w, _, svc in groups[min(groups)] if w == 1), None)
     try:
         service_s = float(base) if base not in (None, "") else None
     except (TypeError, ValueError):
         raise SpecError(f"speedup profile {path}: 'service_s' must be a number, got {base!r}") from None
     if service_s is not None and not (math.isfinite(service_s) and service_s > 0):
         raise SpecError(f"speedup profile {path}: 'service_s' must be > 0, got {service_s!r}")
-    return speedup, service_s
+    return SpeedUpProfile(by_others, service_s)

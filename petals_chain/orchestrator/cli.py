@@ -335,10 +335,11 @@ def lease_widths(args: argparse.Namespace, method: Method, policy: CompositionPo
     from petals_chain.moldable.live import speedup_profile
     from petals_chain.orchestrator.width_leases import LeaseWidths
 
-    speedup, service_s = speedup_profile(profile)
+    measured = speedup_profile(profile)
     gap_s = 1.0 / policy.arrival_rate
-    return LeaseWidths(speedup, width, np.random.default_rng(args.width_seed),
-                       mean_size_s=service_s or gap_s, mean_interarrival_s=gap_s, headroom=policy.target_load)
+    return LeaseWidths(measured.lone, width, np.random.default_rng(args.width_seed),
+                       mean_size_s=measured.service_s or gap_s, mean_interarrival_s=gap_s,
+                       headroom=policy.target_load, batched=measured.batched)
 
 
 def _lease_manager(method: Method, config: OrchestratorConfig) -> Callable[..., LeaseManager]:

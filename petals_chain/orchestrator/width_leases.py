@@ -5,14 +5,17 @@ a fixed width, ``--width``) from the load the orchestrator measures itself (the 
 time leases are held, as a size at width 1: held · s(width)), with the headroom ρ̄ = ``--target-load``. The width
 units are the offered slots (the chains' capacities): a lease at width k holds k units, any other lease one, and a
 width is cut to the units left free (never below 1: a granted lease always runs). Sessions wait for a slot in the
-lease queue, not for units, so units can be over-committed; a renew then cuts the widest widths back.
+lease queue, not for units, so units can be over-committed; a renew then cuts the widest widths back. With a profile
+measured beside other sessions (its ``others`` column), greedy-p chooses from the s(k) measured with as many others
+as hold a lease when the lease is granted: on servers that batch their sessions' steps, width and batch share the
+rows of one step (docs/moldable.md, "Width against batching").
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,14 +40,18 @@ class LeaseWidths:
         mean_interarrival_s: float,
         headroom: float,
         clock: Callable[[], float] = time.monotonic,
+        batched: Mapping[int, SpeedUp] | None = None,
     ) -> None:
-        """Built before the orchestrator and handed to it, which binds it to its lease manager (:meth:`bind`)."""
+        """Built before the orchestrator and handed to it, which binds it to its lease manager (:meth:`bind`);
+        ``batched``: s(k) measured with so many other sessions in each batched step (a profile's ``others``)."""
         self.clock = clock
         self.priors = (mean_size_s, mean_interarrival_s)
         self.rule = WidthPolicy(
-            1, speedup, policy, rng, mean_size_s=mean_size_s, mean_interarrival_s=mean_interarrival_s, headroom=headroom
+            1, speedup, policy, rng, mean_size_s=mean_size_s, mean_interarrival_s=mean_interarrival_s,
+            headroom=headroom, batched=batched,
         )
         self._widths: dict[str, int] = {}  # lease id → width, for leases that asked for one
+        self._others: dict[str, int] = {}  # lease id → other leases held when it was granted
 
     def bind(self, leases: LeaseManager) -> None:
         """Choose widths for the leases of ``leases`` (the orchestrator's constructor calls this once)."""
@@ -59,6 +66,7 @@ class LeaseWidths:
         """Widths of the leases still held (those that ended are forgotten here)."""
         for lease_id in [x for x in self._widths if not self.leases.has(x)]:
             del self._widths[lease_id]
+            self._others.pop(lease_id, None)
         return self._widths
 
     def in_use(self, exclude: str | None = None) -> int:
@@ -78,9 +86,16 @@ class LeaseWidths:
             return held
         self.rule.units = self.units
         free = max(1, self.rule.units - self.in_use(exclude=lease.lease_id))
-        width = self.rule.draw(free, k_max)
+        others = self.others(exclude=lease.lease_id)
+        width = self.rule.draw(free, k_max, others)
         self._widths[lease.lease_id] = width
+        self._others[lease.lease_id] = others
         return width
+
+    def others(self, exclude: str | None = None) -> int:
+        """Leases held now (``exclude`` not counted): the sessions whose steps a new one's are batched with. The
+        chains are not told apart: with several, this overstates the batch a session meets."""
+        return sum(1 for x in self.leases.leases() if x.lease_id != exclude)
 
     def width(self, lease_id: str) -> int | None:
         """The width of a lease (None: it asked for none)."""
@@ -101,13 +116,14 @@ class LeaseWidths:
     def release(self, lease: Lease, held_s: float) -> None:
         """A lease ended after ``held_s``: its size at width 1 is measured and its units come back."""
         width = self._widths.pop(lease.lease_id, 1)
-        self.rule.observe_service(width, held_s)
+        self.rule.observe_service(width, held_s, self._others.pop(lease.lease_id, 0))
 
     def carry(self, old_id: str, new: Lease) -> None:
         """A lease replaced by another (a failover, a move): the new one keeps the old one's width."""
-        width = self._widths.pop(old_id, None)
+        width, others = self._widths.pop(old_id, None), self._others.pop(old_id, 0)
         if width is not None and self.leases.has(new.lease_id):
             self._widths[new.lease_id] = width
+            self._others[new.lease_id] = others
 
     def set_policy(self, policy: str, arrival_rate: float | None = None) -> None:
         """Switch the policy (an operator's switch) and measure afresh from the priors; ``arrival_rate`` (requests
@@ -131,13 +147,15 @@ class LeaseWidths:
             "policy": rule.policy,
             "scheme": width_method(rule.policy).scheme,
             "speedup": list(rule.speedup.s),
+            "speedup_by_others": {str(b): list(sp.s) for b, sp in rule.batched.items()},
+            "others_now": self.others(),
             "headroom": rule.headroom,
             "units": rule.units,
             "units_in_use": self.in_use(),
             "load": rule.load,
             "mean_size_s": rule.size.mean,
             "mean_interarrival_s": rule.gap.mean,
-            "probabilities": [float(p) for p in rule.probabilities()],
+            "probabilities": [float(p) for p in rule.probabilities(others=self.others())],
             "chosen": {str(k): n for k, n in sorted(rule.chosen.items())},
             "active": {str(k): n for k, n in sorted(self.active().items())},
         }

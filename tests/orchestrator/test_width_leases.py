@@ -17,7 +17,7 @@ from petals_chain.moldable.speedup import SpeedUp
 from petals_chain.orchestrator.chains import ChainInfo
 from petals_chain.orchestrator.cli import main as orchestrator_main
 from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.moldable.live import WIDTH_METHODS, speedup_profile, width_probabilities
+from petals_chain.moldable.live import WIDTH_METHODS, SpeedUpProfile, speedup_profile, width_probabilities
 from petals_chain.orchestrator.width_leases import LeaseWidths
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
@@ -115,6 +115,38 @@ def test_k_max_caps_the_law_and_free_units_cut_the_width_renew_cuts_overcommitme
     run(body())
 
 
+def test_greedy_p_chooses_from_the_s_k_measured_beside_as_many_sessions_as_hold_leases() -> None:
+    """A profile measured alone (S, d = 5) and beside 3 other sessions (flat: wider barely helps, d = 2), at a load
+    near 0 on 20 units: greedy-p gives the first two sessions 5 (granted beside 0 and 1: the nearest measured count
+    is 0) and the next two 2 (beside 2 and 3: nearest 3); greedy-p-lone gives all four 5 (the lone s(k), the rule
+    before batching). A release measures the size with the profile of the count its grant saw."""
+    flat = SpeedUp((1.0, 1.05))
+
+    async def body(policy: str) -> list[int]:
+        clock = Clock()
+        lm = LeaseManager(clock=clock)
+        lm.set_chains([ChainInfo((Hop("x", 0, 4),), capacity=20, service_time_s=1.0, chain_id="x")], 1)
+        widths = LeaseWidths(S, policy, np.random.default_rng(0), mean_size_s=0.01, mean_interarrival_s=100.0,
+                             headroom=0.7, clock=clock, batched={0: S, 3: flat})
+        widths.bind(lm)
+        got, leases = [], []
+        for _ in range(4):
+            lease = await lm.acquire(timeout_s=1)
+            leases.append(lease)
+            got.append(widths.grant(lease, 8))
+        assert widths.to_json()["others_now"] == 4
+        assert widths.to_json()["speedup_by_others"] == {"0": list(S.s), "3": list(flat.s)}
+        before = widths.rule.size.mean
+        lm.release(leases[3].lease_id)
+        widths.release(leases[3], held_s=10.0)  # granted beside 3: size 10 · s_3(width)
+        s3 = flat.s[min(got[3], flat.d) - 1]  # what a width achieves beside 3 is measured, whatever the policy
+        assert widths.rule.size.mean == pytest.approx(before + 0.2 * (10.0 * s3 - before))
+        return got
+
+    assert asyncio.run(body("greedy-p")) == [5, 5, 2, 2]
+    assert asyncio.run(body("greedy-p-lone")) == [5, 5, 5, 5]
+
+
 def _rule(policy: str = "greedy-p") -> LeaseWidths:
     """A width rule over S for a test orchestrator (handed to it at construction)."""
     return LeaseWidths(S, policy, np.random.default_rng(0), mean_size_s=1.0, mean_interarrival_s=100.0, headroom=0.7)
@@ -168,11 +200,13 @@ def test_profile_file_is_fitted_or_validated_and_bad_ones_are_refused(tmp_path: 
     refused otherwise; malformed files and rows are refused naming the file."""
     measured = tmp_path / "speedup.csv"
     measured.write_text("width,tokens_per_s,service_s\n1,2.0,30\n2,3.3,20\n3.0,4.1,15\n4,4.0,16\n")
-    s, service = speedup_profile(measured)
+    profile = speedup_profile(measured)
+    s, service = profile.lone, profile.service_s
     assert s.s[0] == 1.0 and s.d == 3 and abs(s.s[1] - 1.65) < 1e-9 and service == 30.0
+    assert profile.batched == {}  # measured alone only: nothing about batches
     table = tmp_path / "table.json"
     table.write_text(json.dumps([{"width": k, "speedup": v} for k, v in enumerate(S.s, 1)]))
-    assert speedup_profile(table) == (S, None)
+    assert speedup_profile(table) == SpeedUpProfile({0: S}, None)
     bad = {
         "convex.json": (
             json.dumps(
@@ -182,7 +216,10 @@ def test_profile_file_is_fitted_or_validated_and_bad_ones_are_refused(tmp_path: 
         ),
         "empty.csv": ("width,tokens_per_s\n", "non-empty list of rows"),
         "column.csv": ("k,tokens\n1,2\n", "every row needs an integer 'width'"),
-        "half.csv": ("width,tokens_per_s\n1.5,2\n", "not integers"),
+        "half.csv": ("width,tokens_per_s\n1.5,2\n", "is not an integer"),
+        "others.csv": ("width,others,tokens_per_s\n1,-1,2\n", "is not an integer >= 0"),
+        "nobase-batch.csv": ("width,others,tokens_per_s\n1,0,2\n2,0,3\n2,3,2.5\n",
+                             r"\(others = 3\): .*a measurement at one server"),
         "broken.json": ("[{", "malformed"),
         "nobase.csv": ("width,tokens_per_s\n2,3\n", "a measurement at one server"),
     }
@@ -211,6 +248,7 @@ def test_width_flags_are_checked_before_serving(tmp_path: Path, capsys: pytest.C
         assert message in capsys.readouterr().err
     assert {m.name: m.scheme for m in WIDTH_METHODS.values()} == {
         "greedy-p": "greedy-p",
+        "greedy-p-lone": "greedy-p",
         "fixed-1": None,
         "fixed-max": "greedy",
     }
