@@ -19,7 +19,6 @@ import dataclasses
 import os
 from collections import Counter
 
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,11 @@ from petals_chain.experiments.common import Summary, checkpoint_path, plt, write
 from petals_chain.experiments.migration_live import (
     Request,
     SpeedSwarm,
-    model_dir,
     poisson_arrivals,
     prompts_for,
     load_replications,
     replay,
+    replay_swarm,
     save_replication,
     server_seconds,
     wait_idle,
@@ -63,25 +62,11 @@ def run(args: Any) -> Summary:
     done = load_replications(ckpt, _key)
     missing = [(load, i) for load in loads for i in range(reps) if (load, i) not in done]
     if missing:
-        with tempfile.TemporaryDirectory(prefix="mell-consolidate-") as tmp:
-            mdir, mname = model_dir(quick, Path(tmp))
-            plans = [ServerPlan(f"g{i}", BUDGET) for i in range(3)]
-            sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
-                            arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
-                            job_output_tokens=(lo + hi) // 2, job_input_tokens=8)
-            with sw:
-                print(f"[{NAME}] starting the swarm ({mname}, three whole-model servers)", flush=True)
-                sw.start(timeout_s=600)
-                from petals_chain import AutoDistributedModelForCausalLM
-
-                model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
-                                                                       lease_timeout_s=600.0, lease_ttl_s=30.0)
-                try:
-                    for load, rep in missing:
-                        done[(load, rep)] = _replication(sw, model, load, rep, n, (lo, hi), mname, args.seed)
-                        save_replication(ckpt, done[(load, rep)])
-                finally:
-                    model.orchestrator.close()
+        plans = [ServerPlan(f"g{i}", BUDGET) for i in range(3)]
+        with replay_swarm(NAME, quick, plans, (lo + hi) // 2) as (sw, model, mname):
+            for load, rep in missing:
+                done[(load, rep)] = _replication(sw, model, load, rep, n, (lo, hi), mname, args.seed)
+                save_replication(ckpt, done[(load, rep)])
     return _summarize({load: [done[(load, i)] for i in range(reps)] for load in loads}, n, (lo, hi), args)
 
 

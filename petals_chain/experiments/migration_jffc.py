@@ -22,7 +22,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,8 @@ import numpy as np
 from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.experiments.common import (Summary, checkpoint_path, figure, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
-from petals_chain.experiments.migration_live import (Request, SpeedSwarm, load_replications, model_dir,
-                                                     poisson_arrivals, prompts_for, replay, save_replication,
-                                                     wait_idle)
+from petals_chain.experiments.migration_live import (Request, SpeedSwarm, load_replications, poisson_arrivals,
+                                                     prompts_for, replay, replay_swarm, save_replication, wait_idle)
 from petals_chain.experiments.paired import paired
 from petals_chain.loopback.swarm import ServerPlan
 
@@ -61,26 +59,13 @@ def run(args: Any) -> Summary:
     done = load_replications(ckpt, _key)
     missing = [i for i in range(size["replications"]) if i not in done]
     if missing:
-        with tempfile.TemporaryDirectory(prefix="migration-jffc-") as tmp:
-            mdir, mname = model_dir(bool(args.quick), Path(tmp))
-            plans = [ServerPlan("fast", BUDGET), ServerPlan("slow", BUDGET)]
-            sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
-                            arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
-                            job_output_tokens=size["new_tokens"], job_input_tokens=8, speeds={"slow": SLOW_SPEED})
-            with sw:
-                print(f"[{NAME}] starting the swarm ({mname}; slow server at speed {SLOW_SPEED})", flush=True)
-                sw.start(timeout_s=600)
-                from petals_chain import AutoDistributedModelForCausalLM
-
-                model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
-                                                                       lease_timeout_s=600.0, lease_ttl_s=30.0)
-                try:
-                    calibration = _calibrate(sw, model, size["new_tokens"], args.seed)
-                    for rep in missing:
-                        done[rep] = _replication(sw, model, rep, size, calibration, mname, args.seed)
-                        save_replication(ckpt, done[rep])
-                finally:
-                    model.orchestrator.close()
+        plans = [ServerPlan("fast", BUDGET), ServerPlan("slow", BUDGET)]
+        speeds = {"slow": SLOW_SPEED}
+        with replay_swarm(NAME, bool(args.quick), plans, size["new_tokens"], speeds) as (sw, model, mname):
+            calibration = _calibrate(sw, model, size["new_tokens"], args.seed)
+            for rep in missing:
+                done[rep] = _replication(sw, model, rep, size, calibration, mname, args.seed)
+                save_replication(ckpt, done[rep])
     return _summarize([done[i] for i in range(size["replications"])], size, args)
 
 

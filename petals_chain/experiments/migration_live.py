@@ -7,12 +7,14 @@ Servers slower than the machine run under :mod:`petals_chain.launch.slowdown` (e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,31 @@ def model_dir(quick: bool, tmp: Path) -> tuple[Path, str]:
     if SMOLLM2_DIR.is_dir():
         return SMOLLM2_DIR, "SmolLM2-135M-Instruct"
     return write_tiny_llama(tmp / "tiny-llama", seed=0), "tiny-llama (SmolLM2 not prepared)"
+
+
+@contextlib.contextmanager
+def replay_swarm(name: str, quick: bool, plans: list[ServerPlan], new_tokens: int,
+                 speeds: dict[str, float] | None = None) -> Iterator[tuple[SpeedSwarm, Any, str]]:
+    """The swarm the live replay experiments run on: whole-model servers (``plans``; those in ``speeds`` slowed) of
+    two cache slots each under the orchestrator, and a client that leases from it; yields (swarm, client model,
+    model name) and stops both after."""
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
+        mdir, mname = model_dir(quick, Path(tmp))
+        sw = SpeedSwarm(mdir, plans, log_dir=Path(tmp) / "logs", model_name="smollm2", max_length=128,
+                        arrival_rate=1.0, c=2, lease_ttl_s=30.0, heartbeat_timeout_s=60.0,
+                        job_output_tokens=new_tokens, job_input_tokens=8, speeds=speeds)
+        with sw:
+            slow = "".join(f"; {n} at speed {v}" for n, v in (speeds or {}).items())
+            print(f"[{name}] starting the swarm ({mname}, {len(plans)} whole-model servers{slow})", flush=True)
+            sw.start(timeout_s=600)
+            from petals_chain import AutoDistributedModelForCausalLM
+
+            model = AutoDistributedModelForCausalLM.from_pretrained(str(mdir), orchestrator=sw.url,
+                                                                   lease_timeout_s=600.0, lease_ttl_s=30.0)
+            try:
+                yield sw, model, mname
+            finally:
+                model.orchestrator.close()
 
 
 @dataclass
