@@ -110,12 +110,23 @@ def schedule(gamma_t: float, delta_t: float, ot_gap: float, s_current: float, lr
     return min(g, 1e3), min(d, 1e3)
 
 
+def _finite(loss: torch.Tensor, *modules: nn.Module) -> bool:
+    """The loss and every gradient of ``modules`` are finite."""
+    return bool(torch.isfinite(loss)) and all(bool(torch.isfinite(q.grad).all()) for m in modules
+                                              for q in m.parameters() if q.grad is not None)
+
+
 def ppo_update(policy: BetaPolicy, value: ValueNet, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                p: TortaParams, gamma_t: float, delta_t: float, s_current: float, use_ot: bool,
                gen: torch.Generator) -> dict[str, float]:
-    """K epochs of clipped PPO (4) plus L_ε (5) (and the gradient-free δ_t·L_s term) over one batch."""
+    """K epochs of clipped PPO (4) plus L_ε (5) (and the gradient-free δ_t·L_s term) over one batch.
+
+    A minibatch whose loss or gradients are not finite is skipped (counted in ``stats["skipped"]``): the policy's
+    log-probability is a sum over all R² elements (1369 on Cost266), so once the policy has moved in an epoch the
+    ratio to the behaviour policy can overflow float32 (e^89), and one such step would make every weight NaN. A run
+    in which every step is finite takes exactly the steps it took without this check."""
     n = batch["obs"].shape[0]
-    stats = {"loss": 0.0, "l_eps": 0.0}
+    stats = {"loss": 0.0, "l_eps": 0.0, "skipped": 0}
     l_s = max(0.0, (p.s_target - s_current) / p.s0)
     for _ in range(p.epochs):
         perm = torch.randperm(n, generator=gen)
@@ -137,6 +148,10 @@ def ppo_update(policy: BetaPolicy, value: ValueNet, opt: torch.optim.Optimizer, 
             loss = loss + delta_t * l_s  # L_s carries no gradient (⚑): it only drives δ_t
             opt.zero_grad()
             loss.backward()
+            if not _finite(loss, policy, value):
+                opt.zero_grad()
+                stats["skipped"] += 1
+                continue
             nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
             nn.utils.clip_grad_norm_(value.parameters(), 1.0)
             opt.step()

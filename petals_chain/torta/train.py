@@ -124,7 +124,7 @@ def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: in
         batch |= {"adv": torch.as_tensor(adv, dtype=torch.float32), "ret": torch.as_tensor(ret, dtype=torch.float32)}
         stats = ppo_update(policy, value, opt, batch, p, gamma_t, delta_t, s_current, use_ot, gen)
         sched.step()
-        for roll in rolls:
+        for i, roll in enumerate(rolls):
             k0_hist.append(float(roll["prob_switch"][1:].mean()))
             rl_hist.append(float(roll["switch"][1:].mean()))
             if (ep + 1) % p.s_update_every == 0:
@@ -136,7 +136,8 @@ def train(scenarios: list[Scenario], forecast: Forecast, episodes: int, seed: in
             curve.append({"episode": ep, "mean_reward": float(roll["reward"].mean()),
                           "ot_distance": float(roll["dist"].mean()), "switching": float(roll["switch"][1:].mean()),
                           "k0": k0_hist[-1], "s_current": s_current, "gamma_t": gamma_t, "delta_t": delta_t,
-                          "loss": stats["loss"], "lr": float(sched.get_last_lr()[0])})
+                          "loss": stats["loss"], "lr": float(sched.get_last_lr()[0]),
+                          "skipped_minibatches": stats["skipped"] if i == 0 else 0})  # once per update
             ep += 1
             bar.update()
             if checkpoint_dir is not None and (ep % checkpoint_every == 0 or ep == episodes):

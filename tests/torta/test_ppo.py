@@ -95,3 +95,32 @@ def test_within_trust_bounds_the_move_from_the_anchor_and_keeps_rows_distributio
     assert (a >= 0).all()
     near = anchor + 0.01 * (far - anchor)
     np.testing.assert_array_equal(within_trust(near, anchor, DEFAULT), near)
+
+
+def test_an_update_whose_ratio_overflows_is_skipped_not_applied():
+    """A batch whose behaviour log-probabilities lie far below the policy's (as after a few epochs on Cost266's 1369
+    elements): the ratio e^(logp − old) overflows float32, and the step would turn every weight into NaN. The update
+    skips those minibatches and counts them; with ordinary log-probabilities nothing is skipped and the weights move."""
+    from petals_chain.torta.ppo import BetaPolicy, ValueNet, ppo_update
+
+    torch.manual_seed(0)
+    regions, obs_dim, n = 3, 5, 8
+    policy, value = BetaPolicy(obs_dim, regions, hidden=(8,)), ValueNet(obs_dim, hidden=(8,))
+    opt = torch.optim.Adam(list(policy.parameters()) + list(value.parameters()), lr=1e-2)
+    obs = torch.randn(n, obs_dim)
+    anchor = torch.full((n, regions * regions), 1 / regions)
+    with torch.no_grad():
+        d, _ = policy.dist(obs, anchor)
+        x = d.sample().clamp(1e-3, 1 - 1e-3)
+        logp = d.log_prob(x).sum(-1)
+    batch = {"obs": obs, "anchor": anchor, "x": x, "prob": anchor, "adv": -torch.ones(n), "ret": torch.zeros(n)}
+    p = DEFAULT.with_(epochs=2, minibatch=4)
+    before = [q.detach().clone() for q in policy.parameters()]
+    gen = torch.Generator().manual_seed(0)
+    stats = ppo_update(policy, value, opt, {**batch, "logp": logp - 200.0}, p, 0.0, 0.0, p.s_target, False, gen)
+    assert stats["skipped"] == 4  # 2 epochs × 2 minibatches
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+    stats = ppo_update(policy, value, opt, {**batch, "logp": logp}, p, 0.0, 0.0, p.s_target, False, gen)
+    assert stats["skipped"] == 0
+    assert all(torch.isfinite(q).all() for q in policy.parameters())
+    assert not all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
