@@ -49,6 +49,7 @@ from petals_chain.orchestrator.migration import MigratingLeaseManager
 from petals_chain.orchestrator.registry import ClaimError, ServerDeadError, ServerRecord, UnknownServerError, check_name
 from petals_chain.orchestrator.request_body import read_body
 from petals_chain.orchestrator.suspects import RateLimitedError
+from petals_chain.protocol import json_codec
 from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.limits import MAX_BODY_BYTES
 from petals_chain.protocol.parsing import BadRequestError
@@ -92,6 +93,12 @@ _STATUS_FOR: tuple[tuple[type[BaseException], int], ...] = (
 def _json(data: Any, status: int = 200) -> web.Response:
     """A JSON response."""
     return web.json_response(data, status=status)
+
+
+def _lease_reply(data: dict[str, Any]) -> web.Response:
+    """A lease or a release as JSON: the hot path, written by orjson (its values are strings, integers, finite
+    floats, lists and dicts: :mod:`~petals_chain.protocol.json_codec`)."""
+    return web.Response(body=json_codec.dumps(data), content_type="application/json", charset="utf-8")
 
 
 def _error_reply(orch: Orchestrator, request: web.Request, exc: Exception) -> web.StreamResponse:
@@ -377,7 +384,7 @@ async def _lease(request: web.Request) -> web.Response:
                                       request_id=body.request_id)
     if body.k_max is not None:
         widths.grant(lease, body.k_max)
-    return _json(orch.lease_json(lease))
+    return _lease_reply(orch.lease_json(lease))
 
 
 async def _renew(request: web.Request) -> web.Response:
@@ -391,7 +398,7 @@ async def _renew(request: web.Request) -> web.Response:
     target = orch.leases.offer(lease.lease_id) if orch.leases.capabilities.moves_sessions else None
     if target is not None:  # a move was decided: the holder moves at its next step boundary
         reply["migrate_to"] = orch.lease_json(target)
-    return _json(reply)
+    return _lease_reply(reply)
 
 
 async def _migrated(request: web.Request) -> web.Response:
@@ -401,7 +408,7 @@ async def _migrated(request: web.Request) -> web.Response:
     lease = _moving(orch).complete(request.match_info["lease_id"], body.mode, body.seconds)
     if orch.widths is not None:
         orch.widths.carry(request.match_info["lease_id"], lease)
-    return _json(orch.lease_json(lease))
+    return _lease_reply(orch.lease_json(lease))
 
 
 async def _migration_failed(request: web.Request) -> web.Response:
@@ -409,7 +416,7 @@ async def _migration_failed(request: web.Request) -> web.Response:
     orch = request.app[ORCH_KEY]
     body = await read_body(request, MigrationFailedBody, required=False)
     lease = _moving(orch).fail(request.match_info["lease_id"], body.mode)
-    return _json(orch.lease_json(lease))
+    return _lease_reply(orch.lease_json(lease))
 
 
 async def _migrations(request: web.Request) -> web.Response:
@@ -451,7 +458,7 @@ async def _release(request: web.Request) -> web.Response:
     held = orch.clock() - lease.granted_s
     if orch.widths is not None:
         orch.widths.release(lease, held)
-    return _json({"lease_id": lease.lease_id, "released": True, "held_s": held})
+    return _lease_reply({"lease_id": lease.lease_id, "released": True, "held_s": held})
 
 
 async def _report_failure(request: web.Request) -> web.Response:
@@ -462,7 +469,7 @@ async def _report_failure(request: web.Request) -> web.Response:
                                       ttl_s=body.ttl_s)
     if orch.widths is not None:
         orch.widths.carry(request.match_info["lease_id"], lease)
-    return _json(orch.lease_json(lease))
+    return _lease_reply(orch.lease_json(lease))
 
 
 def build_app(orch: Orchestrator, *, token: str | None = None, credentials: Credentials | None = None,

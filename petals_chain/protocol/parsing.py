@@ -1,21 +1,21 @@
 """How a request body is read: raw bytes to one of the wire models, or a BadRequestError that names the field.
 
-JSON is read by the standard library first, so that a malformed body is told apart from a well-formed one with a
-bad field; a body nested deeper than :data:`~petals_chain.protocol.limits.MAX_DEPTH` is refused before pydantic
-sees it. Every problem pydantic finds is told in one message, each naming its field (``serving.start``), so that
-``NaN``, ``1e400`` or a 400-digit integer is a 400 that names the field, never a 500. The registry checks what
-depends on its own settings (a memory budget against the model, a claimed span against the model's blocks) and
-answers those with a 400 naming the field too.
+JSON is read first (as the standard library reads it: :mod:`~petals_chain.protocol.json_codec`), so that a malformed
+body is told apart from a well-formed one with a bad field; a body nested deeper than
+:data:`~petals_chain.protocol.limits.MAX_DEPTH` is refused before pydantic sees it. Every problem pydantic finds is
+told in one message, each naming its field (``serving.start``), so that ``NaN``, ``1e400`` or a 400-digit integer is
+a 400 that names the field, never a 500. The registry checks what depends on its own settings (a memory budget
+against the model, a claimed span against the model's blocks) and answers those with a 400 naming the field too.
 """
 
 from __future__ import annotations
 
-import json
 import typing
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from petals_chain.protocol import json_codec
 from petals_chain.protocol.fields import Body
 from petals_chain.protocol.limits import MAX_DEPTH
 
@@ -84,15 +84,16 @@ def _depth(data: Any) -> int:
 def parse(model: type[Model], raw: bytes, *, required: bool = True) -> Model:
     """A request body (raw bytes) as ``model``; BadRequestError on malformed JSON, a non-object or a bad field.
 
-    An empty body is ``{}`` unless ``required``. JSON is read by the standard library first, so that a malformed
-    body is told apart from a well-formed one with a bad field.
+    An empty body is ``{}`` unless ``required``. JSON is read first (as the standard library reads it,
+    :mod:`~petals_chain.protocol.json_codec`), so that a malformed body is told apart from a well-formed one with a
+    bad field.
     """
     if not raw.strip():
         if required:
             raise BadRequestError("request body must be a JSON object")
         raw = b"{}"
     try:
-        data = json.loads(raw)
+        data = json_codec.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:  # ValueError also covers integers too long to convert
         raise BadRequestError(f"malformed JSON in request body: {exc}") from None
     except RecursionError:  # the standard library's parser gives up on nesting deeper than the interpreter's stack
