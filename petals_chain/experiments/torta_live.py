@@ -257,6 +257,11 @@ def replication_means(reps: list[dict[str, Any]]) -> list[dict[str, float]]:
 
 
 def plot(rows: list[dict[str, Any]], means: list[dict[str, float]], path: Path) -> None:
+    """Draw :func:`live_figure` to ``path``."""
+    save_figure(live_figure(rows, means), path)
+
+
+def live_figure(rows: list[dict[str, Any]], means: list[dict[str, float]]):
     """Left: each policy's mean response per origin over all replications (95 % interval over requests). Right: per
     replication, each policy's mean minus TORTA-OT's (dots), with the paired mean and its 95 % interval."""
     fig, axes = figure(1, 2, figsize=(11.0, 4.2))
@@ -283,4 +288,4 @@ def plot(rows: list[dict[str, Any]], means: list[dict[str, float]], path: Path) 
     bx.set_ylabel("difference of mean response (s)")
     bx.set_title("Paired by arrival sequence (dots: replications)")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside upper center", ncols=len(POLICIES))
-    save_figure(fig, path)
+    return fig

@@ -280,6 +280,13 @@ def _torta(keys: list[tuple[str, str]]) -> Any:
     return tc.bar_figure(tc.read_rows(RESULTS / "torta-runs-quick.csv"), keys, "TORTA")
 
 
+def _torta_live() -> Any:
+    from petals_chain.experiments import torta_live as t
+
+    means = json.loads((RESULTS / "torta-live.json").read_text())["data"]["replications"]
+    return t.live_figure(read_csv(RESULTS / "torta-live.csv"), means)
+
+
 def _moldable_fig2() -> Any:
     from petals_chain.experiments import moldable_fig2 as m
 
@@ -314,6 +321,7 @@ FIGURES: dict[str, Callable[[], Any]] = {
     "torta-fig9.png": lambda: _torta([("power_cost", "power cost"), ("switching", "switching")]),
     "torta-fig10.png": lambda: _torta([("load_balance", "load balance"), ("load_balance_horizon", "per server")]),
     "moldable_fig2.png": _moldable_fig2,
+    "torta-live.png": _torta_live,
     "profile/cpu-emulated-regime-x9.png": lambda: _profile("cpu-emulated-regime-x9"),
 }
 
