@@ -32,8 +32,8 @@ from petals_chain.experiments.common import (REPO, Summary, checkpoint_path, fig
                                              save_figure, write_csv)
 from petals_chain.experiments.paired import paired
 from petals_chain.model import SpecError
-from petals_chain.moldable.live import POLICIES, policy_probabilities
-from petals_chain.moldable.speedup import SpeedUp, concave_hull
+from petals_chain.moldable.live import POLICIES, policy_probabilities, profile_from_rows
+from petals_chain.moldable.speedup import SpeedUp
 
 NAME = "moldable_live"
 REPLOT = True  # `--replot` redraws moldable_live.png and its README section from the saved CSVs
@@ -225,12 +225,8 @@ def _live(args, profile: Path, calib: list[dict], size: dict[str, Any], cells: l
 
 def profiles(calib: list[dict]) -> dict[int, SpeedUp]:
     """Per count of others, the concave hull of the measured tokens per second, normalised to width 1 (a profile
-    without an ``others`` column was measured alone: count 0)."""
-    groups: dict[int, list[dict]] = {}
-    for r in calib:
-        groups.setdefault(int(r.get("others") or 0), []).append(r)
-    return {b: concave_hull([int(r["width"]) for r in rs], [float(r["tokens_per_s"]) for r in rs])
-            for b, rs in sorted(groups.items())}
+    without an ``others`` column was measured alone: count 0); the orchestrator's reader of the same rows."""
+    return dict(profile_from_rows(calib, f"{NAME} calibration").by_others)
 
 
 def saved_plot_data(out: Path) -> tuple[list[dict], list[dict], list[dict]]:

@@ -16,7 +16,7 @@ import json
 import math
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,6 +302,13 @@ def speedup_profile(path: str | Path) -> SpeedUpProfile:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise SpecError(f"speedup profile {path}: give a non-empty list of rows with 'width' and 'tokens_per_s' "
                         "(or 'speedup')")
+    return profile_from_rows(rows, f"speedup profile {path}")
+
+
+def profile_from_rows(rows: Sequence[Mapping[str, Any]], label: str) -> SpeedUpProfile:
+    """The profile of rows already read (a profile file's, or a calibration's in memory): grouped by ``others``,
+    one concave hull (``tokens_per_s``) or checked table (``speedup``) per group, and the width-1 ``service_s`` of
+    the fewest others. SpecError starting with ``label`` where a row or a group is bad."""
     column = "tokens_per_s" if "tokens_per_s" in rows[0] else "speedup"
     groups: dict[int, list[tuple[int, float, Any]]] = {}
     try:
@@ -311,7 +318,7 @@ def speedup_profile(path: str | Path) -> SpeedUpProfile:
                 raise ValueError(f"width {r['width']!r} or others {r.get('others')!r} is not an integer >= 0")
             groups.setdefault(int(others), []).append((int(width), float(r[column]), r.get("service_s")))
     except (KeyError, TypeError, ValueError) as exc:
-        raise SpecError(f"speedup profile {path}: every row needs an integer 'width' and a number "
+        raise SpecError(f"{label}: every row needs an integer 'width' and a number "
                         f"'tokens_per_s' or 'speedup' ({type(exc).__name__}: {exc})") from None
     by_others = {}
     for others, group in sorted(groups.items()):
@@ -325,12 +332,12 @@ def speedup_profile(path: str | Path) -> SpeedUpProfile:
                     raise SpecError(f"speedup: a table needs widths 1..d in order, got {widths}")
                 by_others[others] = SpeedUp(tuple(values))
         except SpecError as exc:
-            raise SpecError(f"speedup profile {path}{where}: {exc}") from None
+            raise SpecError(f"{label}{where}: {exc}") from None
     base = next((svc for w, _, svc in groups[min(groups)] if w == 1), None)
     try:
         service_s = float(base) if base not in (None, "") else None
     except (TypeError, ValueError):
-        raise SpecError(f"speedup profile {path}: 'service_s' must be a number, got {base!r}") from None
+        raise SpecError(f"{label}: 'service_s' must be a number, got {base!r}") from None
     if service_s is not None and not (math.isfinite(service_s) and service_s > 0):
-        raise SpecError(f"speedup profile {path}: 'service_s' must be > 0, got {service_s!r}")
+        raise SpecError(f"{label}: 'service_s' must be > 0, got {service_s!r}")
     return SpeedUpProfile(by_others, service_s)
