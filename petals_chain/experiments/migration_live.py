@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import tempfile
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain.experiments.checkpoints import append_record, read_records
 from petals_chain.experiments.common import REPO
 from petals_chain.launch.slowdown import SPEED_ENV
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, write_tiny_llama
@@ -247,22 +247,14 @@ def wait_idle(sw: LocalSwarm, timeout_s: float = 120.0) -> None:
 def save_replication(path: Path | None, rep: dict[str, Any]) -> None:
     """Append one finished replication (its ``runs``: policy → list of :class:`Request`) to a checkpoint file, one
     JSON line; nothing without a path (a --quick run keeps none)."""
-    if path is None:
-        return
-    line = {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(line) + "\n")
+    append_record(path, {**rep, "runs": {p: [dataclasses.asdict(r) for r in rs] for p, rs in rep["runs"].items()}})
 
 
 def load_replications(path: Path | None, key: Callable[[dict[str, Any]], Hashable]) -> dict[Hashable, dict[str, Any]]:
     """The replications a checkpoint holds, by ``key(replication)``, their requests as :class:`Request` again
     (none without a file)."""
-    if path is None or not path.is_file():
-        return {}
     out = {}
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
+    for d in read_records(path):
         d["runs"] = {p: [Request(**{**r, "move_modes": tuple(r["move_modes"]), "tokens": tuple(r["tokens"]),
                                     "segments": tuple(tuple(s) for s in r["segments"])}) for r in rs]
                      for p, rs in d["runs"].items()}

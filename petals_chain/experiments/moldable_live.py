@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from petals_chain import defaults
+from petals_chain.experiments.checkpoints import append_record, read_records
 from petals_chain.experiments.common import (REPO, Summary, checkpoint_path, figure, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
 from petals_chain.experiments.paired import paired
@@ -62,7 +63,7 @@ def run(args) -> Summary:
     calib = done.get("calibration")
     if calib is None:
         calib = {"rows": _calibrate(size), "loadavg": os.getloadavg()}
-        _save(ckpt, {"kind": "calibration", **calib})
+        append_record(ckpt, {"kind": "calibration", **calib})
     profile = args.out / f"{NAME}_speedup.csv"
     write_csv(profile, calib["rows"])
     cells = [(rep, load, policy) for rep in range(size["replications"]) for load in size["loads"]
@@ -72,30 +73,19 @@ def run(args) -> Summary:
     if missing:
         def keep(cell: dict[str, Any]) -> None:
             done[(cell["rep"], cell["load"], cell["policy"])] = cell
-            _save(ckpt, {"kind": "cell", **cell})
+            append_record(ckpt, {"kind": "cell", **cell})
 
         chain = _live(args, profile, calib["rows"], size, missing, keep)
-        _save(ckpt, {"kind": "chain", "chain": chain})
+        append_record(ckpt, {"kind": "chain", "chain": chain})
     sessions = [row for c in cells for row in done[c]["rows"]]
     loadavg = [calib["loadavg"][0], *(done[c]["loadavg"][0] for c in cells)]
     return _report(args, calib["rows"], sessions, chain, size, loadavg)
 
 
-def _save(path: Path | None, record: dict[str, Any]) -> None:
-    """Append one record (the calibration, a cell, the chain served) to the checkpoint; nothing without one."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(record) + "\n")
-
-
 def _load(path: Path | None) -> dict[Any, Any]:
     """The checkpoint's records: 'calibration', 'chain', and each cell by (replication, load, policy)."""
     out: dict[Any, Any] = {}
-    if path is None or not path.is_file():
-        return out
-    for d in map(json.loads, path.read_text().splitlines()):
+    for d in read_records(path):
         kind = d.pop("kind")
         if kind == "cell":
             out[(int(d["rep"]), float(d["load"]), d["policy"])] = d

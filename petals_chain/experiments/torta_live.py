@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from petals_chain.experiments.checkpoints import append_record, read_records
 from petals_chain.experiments.common import REPO, Summary, checkpoint_path, figure, mean_ci, save_figure, write_csv
 from petals_chain.experiments.paired import paired
 from petals_chain.loopback.regions import RegionalSwarm
@@ -184,10 +185,7 @@ def run(args: Any) -> Summary:
 
         def keep(rep: dict[str, Any]) -> None:
             done[rep["rep"]] = rep
-            if ckpt is not None:
-                ckpt.parent.mkdir(parents=True, exist_ok=True)
-                with ckpt.open("a") as fh:
-                    fh.write(json.dumps(rep) + "\n")
+            append_record(ckpt, rep)
 
         run_live(args, Path(tempfile.mkdtemp(prefix="torta-live-")), missing, keep)
     return summarize([done[r] for r in range(reps)], args)
@@ -195,9 +193,7 @@ def run(args: Any) -> Summary:
 
 def _load(path: Path | None) -> dict[int, dict[str, Any]]:
     """The replications a checkpoint holds (none without one)."""
-    if path is None or not path.is_file():
-        return {}
-    return {int(d["rep"]): d for d in map(json.loads, path.read_text().splitlines())}
+    return {int(d["rep"]): d for d in read_records(path)}
 
 
 def summarize(reps: list[dict[str, Any]], args: Any) -> Summary:

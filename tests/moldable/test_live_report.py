@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from petals_chain.experiments import moldable_live as ml
+from petals_chain.experiments.checkpoints import append_record
 from petals_chain.experiments.common import update_readme
 from petals_chain.moldable.live import POLICIES
 
@@ -63,14 +64,14 @@ def test_report_pairs_greedy_p_with_every_other_policy_by_replication(tmp_path: 
 def test_a_full_run_resumes_from_its_checkpoint_without_a_swarm(tmp_path: Path, monkeypatch) -> None:
     """With the calibration and every cell in the checkpoint, the run reports without starting anything."""
     ckpt = tmp_path / "ckpt.jsonl"
-    ml._save(ckpt, {"kind": "calibration", "rows": CALIB, "loadavg": [0.4, 0.3, 0.2]})
+    append_record(ckpt, {"kind": "calibration", "rows": CALIB, "loadavg": [0.4, 0.3, 0.2]})
     for rep in range(ml.FULL["replications"]):
         for load in ml.FULL["loads"]:
             for policy in POLICIES:
                 rows = [{**r, "load": load} for r in _sessions(rep + 1) if r["rep"] == rep and r["policy"] == policy]
-                ml._save(ckpt, {"kind": "cell", "rep": rep, "load": load, "policy": policy, "loadavg": [0.9],
+                append_record(ckpt, {"kind": "cell", "rep": rep, "load": load, "policy": policy, "loadavg": [0.9],
                                 "rows": rows})
-    ml._save(ckpt, {"kind": "chain", "chain": "a[0:16] → b[16:30]"})
+    append_record(ckpt, {"kind": "chain", "chain": "a[0:16] → b[16:30]"})
     monkeypatch.setattr(ml, "checkpoint_path", lambda name, args: ckpt)
     monkeypatch.setattr(ml, "_calibrate", lambda *a: pytest.fail("calibrated again"))
     monkeypatch.setattr(ml, "_live", lambda *a: pytest.fail("started a swarm with nothing missing"))
