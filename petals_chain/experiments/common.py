@@ -17,6 +17,7 @@ import numpy as np
 from petals_chain.sim.montecarlo import confidence_interval
 
 REPO = Path(__file__).resolve().parents[2]
+RESUME_DIR = REPO / "results" / "resume"  # full runs' finished replications (checkpoint_path)
 
 
 def code_digest(loaded_only: bool = False) -> str:
@@ -36,12 +37,14 @@ def code_digest(loaded_only: bool = False) -> str:
 
 
 def checkpoint_path(name: str, args: Any) -> Path | None:
-    """Where a full (not --quick) run keeps its finished replications so that a rerun of the same code resumes
-    (git-ignored .cache/; the file name carries the digest of the modules the run has imported, so changed code
-    never reuses stale rows while edits elsewhere in the package do not throw hours of runs away)."""
+    """Where a full (not --quick) run keeps its finished replications so that a rerun of the same code resumes.
+    They live under results/resume/, committed with the results: a run of several CPU-hours may span machines and
+    sessions, and the rows are the raw per-replication data behind the figures. The file name carries the digest
+    of the modules the run has imported, so changed code never reuses stale rows while edits elsewhere in the
+    package do not throw hours of runs away."""
     if args.quick:
         return None
-    return REPO / ".cache" / "experiments" / f"{name}-seed{args.seed}-{code_digest(loaded_only=True)}.jsonl"
+    return RESUME_DIR / f"{name}-seed{args.seed}-{code_digest(loaded_only=True)}.jsonl"
 
 
 @dataclass

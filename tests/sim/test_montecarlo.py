@@ -89,7 +89,7 @@ def test_experiment_checkpoints_are_for_full_runs_of_the_same_code() -> None:
 
     assert checkpoint_path("fig8", SimpleNamespace(quick=True, seed=1)) is None  # quick runs always recompute
     path = checkpoint_path("fig8", SimpleNamespace(quick=False, seed=1))
-    assert path is not None and ".cache" in path.parts
+    assert path is not None and path.parent.parts[-2:] == ("results", "resume")  # committed: runs span sessions
     assert path.name == f"fig8-seed1-{code_digest(loaded_only=True)}.jsonl"
     assert code_digest() == code_digest() and len(code_digest()) == 16
 
