@@ -20,13 +20,15 @@ Design ("packed tokens, per-session attention over the caches in place"):
 * rollback needs nothing special: a session that continues from an earlier position simply comes with a
   smaller ``prefix_length``; its stale positions beyond the new end are overwritten or never read.
 
-Attention has a second mechanism, ``attention="gathered"``, for steps where every session decodes one token: the
-sessions' cached keys and values up to the longest prefix are copied into one padded batch, and one masked
-matmul pair serves them all. It reads every cache twice instead of once, but launches a constant number of
-kernels per layer instead of a few per session, which is what an accelerator needs once the per-session loop is
-launch-bound (results/gpu-batched/); on this machine's CPU the per-session loop is faster (``bench server-step``'s
-attention alternatives). Other steps (prefill, verification of k > 1 tokens, rollback to a shorter cache) always
-take the per-session path.
+Attention has a second mechanism, ``attention="gathered"``, for the sessions that decode one token: their cached
+keys and values up to the longest prefix are copied into one padded batch, and one masked matmul pair serves them
+all. It reads every cache twice instead of once, but launches a constant number of kernels per layer instead of a
+few per session, which is what an accelerator needs once the per-session loop is launch-bound
+(results/gpu-batched/); on this machine's CPU the per-session loop is faster (``bench server-step``'s attention
+alternatives). Sessions with more tokens (prefill, verification of k > 1 speculative tokens) take the per-session
+path beside them: the step packs the decoding sessions first, attends over them gathered and over the others one
+by one, so one speculative session does not push a whole decode batch onto the per-session loop
+(results/gpu-width-batch/).
 
 This module is torch only (no RPC, no pools) and changes nothing in the live server by itself; the server-side
 adapter that reads PETALS' cache handles is :class:`BatchedMergedInferenceStep`.
@@ -94,6 +96,8 @@ class _Gather:
     longest: int
     mask: torch.Tensor
     positions: torch.Tensor
+    sessions: int = 0  # the plan covers the first ``sessions`` packed sessions (the decoding ones) ...
+    tokens: int = 0  # ... whose rows are the first ``tokens`` packed rows; the rest attend per session
     rows_key: tuple[int, ...] = ()
     rows: torch.Tensor | None = None  # arena row of every packed row
     lo: int = 0  # the arena rows lo ... lo + span - 1 hold every packed row
@@ -225,16 +229,18 @@ class BatchedSpanStep:
         packed = tokens * (12 * self.hidden_size * max(element, 4) + 4 * intermediate * element)
         heads, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = live[0].hidden_states.reshape(-1, self.hidden_size)
+        live = self._packing_order(live, x)
         gather = self._gather_plan(live, x)
+        gathered = 0
         if gather is not None:
-            longest = gather.longest
-            return packed + 2 * tokens * kvh * d * longest * element + tokens * heads * longest * (3 * element + 4) \
-                + tokens * longest
+            longest, rows = gather.longest, gather.tokens
+            gathered = 2 * rows * kvh * d * longest * element + rows * heads * longest * (3 * element + 4) \
+                + rows * longest
         logits = 0
-        for s in live:
+        for s in live[gather.sessions if gather is not None else 0:]:
             row = s.hidden_states.shape[0] * heads * s.end * 4
             logits = max(logits, row * max(1, min(s.n_tokens, self.max_logits_bytes // max(1, row))))
-        return packed + 3 * logits
+        return packed + gathered + 3 * logits
 
     # -- the step ---------------------------------------------------------------------------------------------
 
@@ -255,22 +261,40 @@ class BatchedSpanStep:
         if not live:
             return [s.hidden_states for s in steps]
 
-        x = torch.cat([s.hidden_states.reshape(-1, self.hidden_size) for s in live])  # [T, hidden], packed
-        cos, sin = self._rotary_tables(live, x)
-        gather = self._gather_plan(live, x)
+        first = live[0].hidden_states
+        packed = self._packing_order(live, first.new_empty(0, self.hidden_size))
+        x = torch.cat([s.hidden_states.reshape(-1, self.hidden_size) for s in packed])  # [T, hidden], packed
+        cos, sin = self._rotary_tables(packed, x)
+        gather = self._gather_plan(packed, x)
         for index, layer in enumerate(self.layers):
-            x = self._layer(layer, index, x, live, cos, sin, gather)
+            x = self._layer(layer, index, x, packed, cos, sin, gather)
 
-        outputs, offset, it = [], 0, iter(range(len(live)))
-        for s in steps:
-            if s.hidden_states.numel() == 0:
-                outputs.append(s.hidden_states)
-                continue
-            next(it)
+        rows: dict[int, torch.Tensor] = {}  # id of a packed session's step -> its output rows
+        offset = 0
+        for s in packed:
             size = s.hidden_states.shape[0] * s.n_tokens
-            outputs.append(x[offset:offset + size].view_as(s.hidden_states))
+            rows[id(s)] = x[offset:offset + size].view_as(s.hidden_states)
             offset += size
-        return outputs
+        return [rows.get(id(s), s.hidden_states) for s in steps]
+
+    def _gathers(self, x: torch.Tensor) -> bool:
+        """Whether decoding sessions attend gathered here (``auto``: on CUDA only)."""
+        mode = self.attention
+        if mode == "auto":
+            mode = "gathered" if x.device.type == "cuda" else "per_session"
+        return mode == "gathered"
+
+    def _packing_order(self, steps: Sequence[SessionStep], x: torch.Tensor) -> list[SessionStep]:
+        """The sessions in the order their rows are packed: as given, except that where the decoding sessions
+        (one token each) attend gathered beside sessions of more tokens, the decoding ones come first (in their
+        order), so that the gathered attention covers one leading range of rows."""
+        steps = list(steps)
+        if not self._gathers(x) or len({id(s) for s in steps}) != len(steps):
+            return steps
+        decoding = [s for s in steps if s.n_tokens == 1]
+        if len(decoding) < 2 or len(decoding) == len(steps):
+            return steps
+        return decoding + [s for s in steps if s.n_tokens != 1]
 
     def _rotary_tables(self, steps: Sequence[SessionStep], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim]`` of every packed token's absolute position (its session's own)."""
@@ -281,14 +305,16 @@ class BatchedSpanStep:
         return cos[0, 0, positions].unsqueeze(1), sin[0, 0, positions].unsqueeze(1)
 
     def _gather_plan(self, steps: Sequence[SessionStep], x: torch.Tensor) -> _Gather | None:
-        """The gathered mechanism's plan for this step, or None when it takes the per-session path (see the
-        module's docstring): not every session decodes one token, or a cache is shorter than the padded length and
-        not an arena's slot (an arena row always has the arena's full length)."""
-        mode = self.attention
-        if mode == "auto":
-            mode = "gathered" if x.device.type == "cuda" else "per_session"
-        if mode != "gathered" or len(steps) < 2 or any(s.n_tokens != 1 for s in steps):
+        """The gathered mechanism's plan for the leading decoding sessions of ``steps`` (packed as
+        :meth:`_packing_order` puts them), or None when the whole step takes the per-session path (see the module's
+        docstring): fewer than two sessions decode one token, they are not the leading ones, or a cache is shorter
+        than the padded length and not an arena's slot (an arena row always has the arena's full length)."""
+        if not self._gathers(x):
             return None
+        count = next((i for i, s in enumerate(steps) if s.n_tokens != 1), len(steps))
+        if count < 2 or any(s.n_tokens == 1 for s in steps[count:]):
+            return None
+        steps = steps[:count]
         longest = max(s.end for s in steps)
         arena = arena_rows(steps, 0)
         if arena is not None:
@@ -298,7 +324,7 @@ class BatchedSpanStep:
             return None  # a cache shorter than the padded length: its view would not exist
         ends = torch.tensor([s.end for s in steps for _ in range(s.hidden_states.shape[0])], device=x.device)
         mask = torch.arange(longest, device=x.device).unsqueeze(0) >= ends.unsqueeze(1)
-        return _Gather(longest, mask.view(-1, 1, 1, longest), ends - 1)
+        return _Gather(longest, mask.view(-1, 1, 1, longest), ends - 1, count, int(ends.numel()))
 
     def _layer(self, layer: nn.Module, index: int, x: torch.Tensor, steps: Sequence[SessionStep],
                cos: torch.Tensor, sin: torch.Tensor, gather: _Gather | None = None) -> torch.Tensor:
@@ -312,9 +338,17 @@ class BatchedSpanStep:
         q = (q * cos + rotate_half(q) * sin) * (1.0 / math.sqrt(self.head_dim))
         k = k * cos + rotate_half(k) * sin
 
-        out = self._attend_gathered(q, k, v, steps, index, gather) if gather is not None else \
-            self._attend_per_session(q, k, v, steps, index)
-        x = x + attn.o_proj(out.view(tokens, self.num_heads * self.head_dim))
+        if gather is None:
+            out = self._attend_per_session(q, k, v, steps, index)
+        elif gather.sessions == len(steps):
+            out = self._attend_gathered(q, k, v, steps, index, gather)
+        else:  # the leading decoding sessions gathered, the sessions of more tokens one by one
+            t = gather.tokens
+            out = torch.cat([
+                self._attend_gathered(q[:t], k[:t], v[:t], steps[:gather.sessions], index, gather)
+                .reshape(t, self.num_heads, self.head_dim),
+                self._attend_per_session(q[t:], k[t:], v[t:], steps[gather.sessions:], index)])
+        x = x + attn.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def _attend_per_session(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, steps: Sequence[SessionStep],

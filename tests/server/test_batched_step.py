@@ -199,6 +199,48 @@ def test_arena_decode_equals_petals_step(backends, monkeypatch, slots, in_place:
     assert worst < TOL and worst_cache < TOL
 
 
+@pytest.mark.parametrize("arena", [False, True])
+def test_decoders_attend_gathered_beside_a_speculative_session(backends, arena: bool) -> None:
+    """A decode batch with a k = 4 verification and a prefill among it (the verifier listed first): the decoding
+    sessions still attend gathered, the other two per session, outputs and caches equal PETALS' step, and every
+    output comes back in the caller's order."""
+    torch.manual_seed(9)
+    arenas = _arenas(backends, 8, MAX_LENGTH) if arena else None
+
+    def cache(slot: int):
+        return _arena_session(backends, arenas, slot, 1, MAX_LENGTH) if arena else \
+            allocate_session(backends, 1, MAX_LENGTH)
+
+    sessions = [Session(allocate_session(backends, 1, MAX_LENGTH), cache(slot)) for slot in range(5)]
+    batched = BatchedMergedInferenceStep(backends, attention="gathered")
+    span = batched._span_step(tuple(backends))
+    covered = []
+    real = span._attend_gathered
+    span._attend_gathered = lambda q, k, v, steps, *a: covered.append(len(steps)) or real(q, k, v, steps, *a)
+    worst = 0.0
+    for s, n in zip(sessions[:4], (7, 3, 12, 5)):  # four prefills alone; session 4 joins in round 2
+        hidden = torch.randn(1, n, TINY.hidden)
+        _reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, 0))
+        batched([(hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, 0))])
+        s.length = n
+    for round_, widths in enumerate([(4, 1, 1, 1, 0), (1, 3, 1, 1, 6)]):  # (tokens per session; 0: sits out)
+        requests, expected = [], []
+        for s, n in zip(sessions, widths):
+            if n == 0:
+                continue
+            hidden = torch.randn(1, n, TINY.hidden)
+            expected.append(_reference(backends, hidden, NO_HYPO, inference_infos(backends, s.ref, s.length)))
+            requests.append((hidden.clone(), NO_HYPO, inference_infos(backends, s.bat, s.length)))
+            s.length += n
+        for out, exp in zip(batched(requests), expected):
+            assert out.shape == exp.shape
+            worst = max(worst, (out - exp).abs().max().item())
+    worst_cache = max(_cache_diff(backends, s) for s in sessions)
+    print(f"decoders gathered beside a verifier (arena {arena}): max |Δ output| {worst:.2e}, cache {worst_cache:.2e}")
+    assert covered == [3] * N_BLOCKS + [3] * N_BLOCKS  # round 1: sessions 1-3 of 4; round 2: 0, 2, 3 of 5
+    assert worst < TOL and worst_cache < TOL
+
+
 def test_arena_rows_recognises_only_slot_views(backends) -> None:
     """Views of one arena's rows are recognised; another arena, an offset inside a row and a plain tensor are not."""
     (ak, av), (bk, bv) = _arenas(backends, 4, 16)[:2]
@@ -226,8 +268,12 @@ def test_gathered_falls_back_per_session(backends) -> None:
     x = one.view(1, -1)
     assert step._gather_plan([SessionStep(one, long_c, 20), SessionStep(one, long_c, 3)], x) is not None
     assert step._gather_plan([SessionStep(one, long_c, 20), SessionStep(one, short_c, 3)], x) is None
-    assert step._gather_plan([SessionStep(torch.randn(1, 2, TINY.hidden), long_c, 5),
-                              SessionStep(one, long_c, 3)], x) is None
+    verify = SessionStep(torch.randn(1, 2, TINY.hidden), long_c, 5)
+    assert step._gather_plan([verify, SessionStep(one, long_c, 3)], x) is None  # one decoder: nothing to gather
+    two = [verify, SessionStep(one, long_c, 3), SessionStep(one, long_c, 9)]
+    assert step._gather_plan(two, x) is None  # the decoders must lead the packed rows ...
+    plan = step._gather_plan(step._packing_order(two, x), x)  # ... as the step packs them
+    assert plan is not None and (plan.sessions, plan.tokens, plan.longest) == (2, 2, 10)
     assert BatchedSpanStep(blocks, attention="auto")._gather_plan(
         [SessionStep(one, long_c, 20), SessionStep(one, long_c, 3)], x) is None  # auto: per session on a CPU
     with pytest.raises(ValueError, match="attention must be one of"):
