@@ -90,7 +90,7 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         try:
             while self._pending:
-                batch, upto = self.store.coalesced(self._pending), self._written
+                batch, upto = self._pending, self._written
                 self._pending = []
                 try:
                     await loop.run_in_executor(None, self.store.commit, batch)

@@ -9,8 +9,7 @@ lease expiry clocks are rebuilt from heartbeats and renewals (docs/orchestrator.
 Each write is one transaction, so a process killed at any point leaves the previous or the next consistent state:
 a grant removes the request from the queue and adds its lease in the same transaction. With a ``sink`` set
 (:class:`petals_chain.orchestrator.persist.GroupCommit`), writes are handed to it instead and committed in batches,
-several writes to one transaction, in their order (:meth:`StateStore.coalesced`: within one transaction only the
-last value of a named counter is written).
+several writes to one transaction, in their order.
 """
 
 from __future__ import annotations
@@ -23,11 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from petals_chain.model import SpecError
-from petals_chain.protocol import json_codec
 
 Statements = list[tuple[str, tuple[Any, ...]]]
-
-META_UPSERT = "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)"  # params (key, value): see coalesced()
 
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL")
 SCHEMA_VERSION = 1
@@ -132,9 +128,6 @@ class StateStore:
             row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: cannot open the state database: {exc}") from None
-        # jobs with a row in the waiting table: a grant deletes that row only where there is one (most requests are
-        # granted on arrival and never stored as waiting)
-        self._waiting_jobs: set[int] = {r[0] for r in self._db.execute("SELECT job FROM waiting")}
         if row is None:
             self.set_meta("schema", str(SCHEMA_VERSION))
         elif row[0] != str(SCHEMA_VERSION):
@@ -150,22 +143,6 @@ class StateStore:
             self.sink(statements)
         else:
             self.commit(statements)
-
-    @staticmethod
-    def coalesced(statements: Statements) -> Statements:
-        """The same transaction with each named counter (``meta``) written once, with its last value: the
-        transaction is atomic, so the values in between are never seen (a batch of grants writes ``next_job`` once,
-        not once per grant)."""
-        seen: set[Any] = set()
-        kept: Statements = []
-        for sql, params in reversed(statements):
-            if sql == META_UPSERT:
-                if params[0] in seen:
-                    continue
-                seen.add(params[0])
-            kept.append((sql, params))
-        kept.reverse()
-        return kept
 
     def commit(self, statements: Statements) -> None:
         """Run the statements as one transaction (from one thread at a time)."""
@@ -186,8 +163,8 @@ class StateStore:
         """The statement storing one lease."""
         return ("INSERT OR REPLACE INTO leases (lease_id, job, request_id, chain, version, ttl_s, waited_s, client, "
                 "replaces) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (lease.lease_id, lease.job, lease.request_id, json_codec.dumps(lease.chain).decode(), lease.version,
-                 lease.ttl_s, lease.waited_s, lease.client, lease.replaces))
+                (lease.lease_id, lease.job, lease.request_id, json.dumps(lease.chain), lease.version, lease.ttl_s,
+                 lease.waited_s, lease.client, lease.replaces))
 
     @staticmethod
     def _waiter_row(w: StoredWaiter) -> tuple[str, tuple[Any, ...]]:
@@ -197,7 +174,7 @@ class StateStore:
 
     def set_meta(self, key: str, value: str) -> None:
         """Set one named value (the composition version, the next job number, the DHT's address)."""
-        self._write([(META_UPSERT, (key, value))])
+        self._write([("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))])
 
     def put_servers(self, servers: list[StoredServer], meta: dict[str, str] | None = None) -> None:
         """Insert or replace these server records (new ones go last in registration order), with meta values."""
@@ -216,7 +193,7 @@ class StateStore:
                  None if s.previous_assignment is None else json.dumps(list(s.previous_assignment))),
             ))
         for key, value in (meta or {}).items():
-            stmts.append((META_UPSERT, (key, value)))
+            stmts.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
         self._write(stmts)
 
     def put_secret(self, name: str, hashed: str) -> None:
@@ -234,30 +211,29 @@ class StateStore:
 
     def queued(self, w: StoredWaiter, next_job: int) -> None:
         """A request entered the queue (or went back to it after a failure, keeping its job)."""
-        self._waiting_jobs.add(w.job)
-        self._write([self._waiter_row(w), (META_UPSERT, ("next_job", str(next_job)))])
+        self._write([
+            self._waiter_row(w),
+            ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)),
+        ])
 
     def left_queue(self, job: int) -> None:
         """A waiting request gave up (timeout, disconnect, never re-attached)."""
-        self._waiting_jobs.discard(job)
         self._write([("DELETE FROM waiting WHERE job = ?", (job,))])
 
     def granted(self, lease: StoredLease, next_job: int) -> None:
-        """A request got its slot: it leaves the queue (if it was stored there) and its lease is recorded,
-        atomically."""
-        stmts: Statements = [self._lease_row(lease), (META_UPSERT, ("next_job", str(next_job)))]
-        if lease.job in self._waiting_jobs:
-            self._waiting_jobs.discard(lease.job)
-            stmts.insert(0, ("DELETE FROM waiting WHERE job = ?", (lease.job,)))
-        self._write(stmts)
+        """A request got its slot: it leaves the queue and its lease is recorded, atomically."""
+        self._write([
+            ("DELETE FROM waiting WHERE job = ?", (lease.job,)),
+            self._lease_row(lease),
+            ("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)),
+        ])
 
     def replace_leases_and_queue(self, leases: list[StoredLease], waiting: list[StoredWaiter], next_job: int) -> None:
         """Make the stored leases and queue exactly these (after a restore, which may have granted some)."""
         stmts: Statements = [("DELETE FROM leases", ()), ("DELETE FROM waiting", ())]
         stmts += [self._lease_row(x) for x in leases]
         stmts += [self._waiter_row(w) for w in waiting]
-        stmts.append((META_UPSERT, ("next_job", str(next_job))))
-        self._waiting_jobs = {w.job for w in waiting}
+        stmts.append(("INSERT OR REPLACE INTO meta (key, value) VALUES ('next_job', ?)", (str(next_job),)))
         self._write(stmts)
 
     def renewed(self, lease_id: str, ttl_s: float) -> None:

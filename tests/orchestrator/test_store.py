@@ -71,48 +71,6 @@ def test_waiting_and_leases_come_back_in_job_order(tmp_path: Path) -> None:
     assert [x.job for x in got.leases] == [12, 30, 40]
 
 
-def test_a_grant_deletes_the_waiting_row_only_where_there_is_one(tmp_path: Path) -> None:
-    """A grant on arrival writes no DELETE of a waiting row that was never stored; a request queued before a restart
-    (another StateStore on the same file) still leaves the queue when granted after it."""
-    store = StateStore(tmp_path / "s.db")
-    batches: list = []
-    store.sink = batches.append
-    store.granted(lease(1), next_job=2)  # never waited
-    store.queued(waiter(2), next_job=3)
-    store.granted(lease(2), next_job=3)
-    assert [sql.split(" (")[0] for sql, _ in batches[0]] == ["INSERT OR REPLACE INTO leases",
-                                                              "INSERT OR REPLACE INTO meta"]
-    assert batches[2][0] == ("DELETE FROM waiting WHERE job = ?", (2,))
-    store.sink = None
-    store.queued(waiter(5), next_job=6)
-    store.close()
-    again = StateStore(tmp_path / "s.db")  # the restarted process knows job 5 waits
-    again.granted(lease(5), next_job=6)
-    assert again.load().waiting == [] and [x.job for x in again.load().leases] == [5]
-
-
-def test_one_transaction_writes_each_counter_once_with_its_last_value(tmp_path: Path) -> None:
-    """Coalescing a group of writes keeps every lease and queue statement in order and the last next_job only."""
-    store = StateStore(tmp_path / "s.db")
-    batch: list = []
-    store.sink = batch.extend
-    for job in range(4):
-        store.granted(lease(job), next_job=job + 1)
-    store.ended("L0-x")
-    store.queued(waiter(9), next_job=10)
-    store.set_meta("version", "7")
-    merged = store.coalesced(batch)
-    counters = [params for sql, params in merged if sql.startswith("INSERT OR REPLACE INTO meta")]
-    assert counters == [("next_job", "10"), ("version", "7")]
-    assert [st for st in merged if not st[0].startswith("INSERT OR REPLACE INTO meta")] == \
-        [st for st in batch if not st[0].startswith("INSERT OR REPLACE INTO meta")]
-    store.sink = None
-    store.commit(merged)
-    got = store.load()
-    assert got.meta["next_job"] == "10" and got.meta["version"] == "7"
-    assert [x.job for x in got.leases] == [1, 2, 3] and got.waiting == [waiter(9)]
-
-
 def test_wal_mode_and_synchronous_setting(tmp_path: Path) -> None:
     for mode, code in (("normal", 1), ("FULL", 2)):
         store = StateStore(tmp_path / f"{mode}.db", synchronous=mode)
