@@ -41,8 +41,39 @@ log = logging.getLogger(__name__)
 _HANDLER_NAME = "TransformerConnectionHandler"  # petals' handle names: our rpcs sit next to petals' own
 
 
+# How often an import asks an old server for a cache whose stream arrived short before it refuses the move. hivemind's
+# stream reader ends a stream cut mid-message as if it had ended (asyncio.IncompleteReadError is its end of stream),
+# so a short stream is the only sign of a lost message; it was seen once in a live run (29 of 30 tensors).
+KV_FETCH_ATTEMPTS = 3
+
+
 class KvTransferError(RuntimeError):
     """A cache export or import was refused: unknown session, wrong position or blocks, shapes that differ."""
+
+
+async def fetch_exported(stub: Any, meta: dict, tensors_expected: int, timeout: float,
+                         attempts: int = KV_FETCH_ATTEMPTS) -> list[torch.Tensor]:
+    """The cache tensors an old server's ``rpc_kv_export`` streams for ``meta`` (session_id, start, end, position),
+    asked again when the stream ends short of ``tensors_expected`` (the export only reads a paused session's cache,
+    so asking again is safe); KvTransferError naming the counts after ``attempts`` short streams."""
+    got = 0
+    for attempt in range(1, attempts + 1):
+        stream = await stub.rpc_kv_export(runtime_pb2.ExpertRequest(metadata=MSGPackSerializer.dumps(meta)))
+
+        async def parts(stream=stream):
+            """The tensor parts of each message of the stream."""
+            async for msg in stream:
+                yield msg.tensors
+
+        tensors = await asyncio.wait_for(deserialize_tensor_stream(parts()), timeout)
+        if len(tensors) == tensors_expected:
+            return tensors
+        got = len(tensors)
+        log.warning("kv export of session %s blocks %s:%s arrived with %d of %d tensors (attempt %d of %d)",
+                    meta.get("session_id"), meta.get("start"), meta.get("end"), got, tensors_expected, attempt,
+                    attempts)
+    raise KvTransferError(f"sent {got} tensors for blocks {meta.get('start')}:{meta.get('end')}, {tensors_expected}"
+                          f" expected, in each of {attempts} attempts")
 
 
 @dataclass(frozen=True)
@@ -224,17 +255,10 @@ class KvTransferHandler(TransformerConnectionHandler):
             return await self._export(sid, int(start), int(end), position)
         stub = type(self).get_stub(self._p2p, PeerID.from_base58(peer))
         meta = dict(session_id=sid, start=int(start), end=int(end), position=position)
-        stream = await stub.rpc_kv_export(runtime_pb2.ExpertRequest(metadata=MSGPackSerializer.dumps(meta)))
-
-        async def parts():
-            """The tensor parts of each message of the stream."""
-            async for msg in stream:
-                yield msg.tensors
-
-        tensors = await asyncio.wait_for(deserialize_tensor_stream(parts()), self.request_timeout)
-        if len(tensors) != 2 * (end - start):
-            raise KvTransferError(f"{peer} sent {len(tensors)} tensors for blocks {start}:{end}")
-        return tensors
+        try:
+            return await fetch_exported(stub, meta, 2 * (int(end) - int(start)), self.request_timeout)
+        except KvTransferError as exc:
+            raise KvTransferError(f"{peer} {exc}") from None
 
     async def _import(self, live: _LiveSession, sources: Sequence[Sequence[Any]], position: int) -> None:
         """Fill this session's cache with the old servers' caches of its blocks, at ``position`` tokens."""
