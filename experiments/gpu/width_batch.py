@@ -191,6 +191,15 @@ def profile(rows: list[dict], accept_csv: Path, context: int) -> list[dict]:
 
 
 def plot(info: dict, rows: list[dict], prof: list[dict], path: Path) -> None:
+    """Draw :func:`width_batch_figure` into ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = width_batch_figure(info, rows, prof)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def width_batch_figure(info: dict, rows: list[dict], prof: list[dict]):
     """(a) step time against o: decode only, with one k-token verifier (split plan and all per session);
     (b) the compute-only s(k) per o, beside the draft's tokens per step (the limit where the network dominates)."""
     import matplotlib
@@ -242,8 +251,7 @@ def plot(info: dict, rows: list[dict], prof: list[dict], path: Path) -> None:
     fig.suptitle(f"speculative width against batch width, LLaMA-2-7B-shaped blocks, {info['dtype']},"
                  f" {info['device']} ({len(info['runs'])} runs)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
 
 
 def analyse(out_dir: Path, accept_csv: Path, context: int) -> None:

@@ -219,6 +219,15 @@ def _gpu(which: str) -> Any:
     return mod.concurrency_figure(raw, fit, sheet) if which == "tau" else mod.fig9_figure(raw, fit, sheet)
 
 
+def _width_batch() -> Any:
+    spec = importlib.util.spec_from_file_location("width_batch", REPO / "experiments" / "gpu" / "width_batch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    info, rows = mod.pooled(RESULTS / "gpu-width-batch")
+    prof = mod.profile(rows, RESULTS / "moldable_live_speedup.csv", 2048)
+    return mod.width_batch_figure(info, rows, prof)
+
+
 def _table1(folder: str) -> Any:
     from petals_chain.experiments import table1_report as t
 
@@ -309,6 +318,7 @@ FIGURES: dict[str, Callable[[], Any]] = {
     "fig10.png": _fig10,
     "gpu/tau_concurrency.png": lambda: _gpu("tau"),
     "gpu/fig9_gpu.png": lambda: _gpu("fig9"),
+    "gpu-width-batch/width_batch.png": _width_batch,
     "table1.png": lambda: _table1("."),
     "table1-full/table1_limit.png (a band and coinciding bounds)": lambda: _limit("table1-full"),
     "moldable_live.png": _moldable_live,
