@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: petals_chain
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batched_step import LlamaLayer, _Rotary, session_caches, timer  # noqa: E402
+from batched_step import LlamaLayer, _Rotary, peak_bytes, session_caches, timer  # noqa: E402
 from llama_block import LLAMA2_7B, TINY, Block, dtype_of  # noqa: E402
 
 from petals_chain.server.batched_step import BatchedSpanStep, SessionStep  # noqa: E402
@@ -66,6 +66,8 @@ def summarise(cells: dict[tuple[int, int, int], dict[str, list[float]]]) -> list
             row[f"{name}_ms_max"] = max(times) if times else None
         row["max_abs_diff"] = cell["max_abs_diff"][0]
         row["output_max_abs"] = cell["output_max_abs"][0]
+        row["mixed_peak_bytes"] = cell.get("mixed_peak_bytes", [None])[0]
+        row["mixed_bound_bytes"] = cell.get("mixed_bound_bytes", [None])[0]
         rows.append(row)
     return rows
 
@@ -115,6 +117,9 @@ def measure(args: argparse.Namespace, out_dir: Path) -> dict:
                         a, b = runs["mixed"](), runs["per_session"]()
                         cell["max_abs_diff"] = [max((x - y).abs().max().item() for x, y in zip(a, b))]
                         cell["output_max_abs"] = [max(x.abs().max().item() for x in b)]
+                        # the split step's working memory against the bound the server budgets with
+                        cell["mixed_peak_bytes"] = [peak_bytes(runs["mixed"], device)]
+                        cell["mixed_bound_bytes"] = [gathered.working_bytes([ver, *dec])]
                     print(f"pass {p} ctx {ctx:5d} o {o:3d} k {k:3d}: " + " ".join(
                         f"{n} {cell[n][-1]:7.2f} ms" for n in runs), flush=True)
         raw = {"info": info, "rows": summarise(cells)}
@@ -162,6 +167,9 @@ def pooled(out_dir: Path) -> tuple[dict, list[dict]]:
             row[f"{name}_ms_hi"] = max(values) if values else None
         row["max_abs_diff"] = max(r["max_abs_diff"] for r in rs)
         row["output_max_abs"] = max(r["output_max_abs"] for r in rs)
+        for key in ("mixed_peak_bytes", "mixed_bound_bytes"):  # measured by the runs that record them
+            values = [r[key] for r in rs if r.get(key) is not None]
+            row[key] = max(values) if values else None
         rows.append(row)
     info = {**runs[0]["info"], "runs": [str(p.relative_to(out_dir)) for p in paths]}
     return info, rows
