@@ -21,11 +21,12 @@ from collections import Counter
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import Summary, checkpoint_path, plt, write_csv
+from petals_chain.experiments.common import Summary, checkpoint_path, plt, read_csv, save_figure, write_csv
 from petals_chain.experiments.migration_live import (
     Request,
     SpeedSwarm,
@@ -137,7 +138,7 @@ def _summarize(by_load: dict[float, list[dict[str, Any]]], n: int, lengths: tupl
     identical &= not errors
     write_csv(out / f"{NAME}.csv", rows)
     low = min(by_load)
-    _plot(out / f"{NAME}.png", by_load[low][0]["runs"], low, per_load)
+    save_figure(consolidate_figure(by_load[low][0]["runs"], low, per_load), out / f"{NAME}.png")
     everything = [rep for reps in by_load.values() for rep in reps]
     chains = everything[0]["chains"]
     nreps = {len(reps) for reps in by_load.values()}
@@ -185,10 +186,31 @@ def _rates(reps: list[dict[str, Any]]) -> str:
     return f"{lo:.3f}" if round(lo, 3) == round(hi, 3) else f"{lo:.3f}–{hi:.3f}"
 
 
-def _plot(path: Path, runs: dict[str, list], load: float, per_load: dict[float, list[dict[str, Any]]]) -> None:
+def saved_plot_data(out: Path) -> tuple[dict[str, list], float, dict[float, list[dict[str, Any]]]]:
+    """The figure's inputs from the committed files: each replication's server-seconds from ``NAME.json``, and the
+    sessions' chain segments of the lowest load's first replication from ``NAME.csv``."""
+    import json
+
+    data = json.loads((out / f"{NAME}.json").read_text())["data"]
+    per_load = {float(k): v["replications"] for k, v in data.items() if isinstance(v, dict) and "replications" in v}
+    low = min(per_load)
+    first = per_load[low][0]["rep"]
+    runs: dict[str, list] = {p: [] for p, _ in POLICIES}
+    for row in read_csv(out / f"{NAME}.csv"):
+        if row["load"] == low and row["rep"] == first:
+            segments = []
+            for part in str(row["chains"] or "").split():
+                chain, span = part.rsplit(":", 1)
+                a, b = span.split("-")
+                segments.append((chain, float(a), float(b)))
+            runs[row["policy"]].append(SimpleNamespace(segments=segments))
+    return runs, low, per_load
+
+
+def consolidate_figure(runs: dict[str, list], load: float, per_load: dict[float, list[dict[str, Any]]]) -> Any:
     """Left: servers in use over time under each packer in the first replication at ``load`` (a step function from
     the sessions' busy segments). Right: each replication's server-seconds under both packers, joined by a line,
-    one colour per load."""
+    one colour per load; the legends sit in headroom above the data."""
     pyplot = plt()
     fig, (ax, bx) = pyplot.subplots(1, 2, figsize=(10.0, 4.0), gridspec_kw={"width_ratios": [3, 2]})
     for policy, label in POLICIES:
@@ -210,19 +232,22 @@ def _plot(path: Path, runs: dict[str, list], load: float, per_load: dict[float, 
     ax.set_xlabel("time (s)")
     ax.set_ylabel("servers holding a session")
     ax.set_title(f"Load {load}, replication {per_load[load][0]['rep']}: servers in use")
-    ax.legend(loc="lower center")
+    top = max(ax.get_ylim()[1], 1.0)
+    ax.set_ylim(-0.2, top * 1.45)  # headroom for the legend above the steps
+    ax.set_yticks(range(int(top) + 1))
+    ax.legend(loc="upper center", ncols=2)
     for (lf, reps), color in zip(sorted(per_load.items()), ("tab:green", "tab:purple", "0.4")):
         for i, r in enumerate(reps):
             bx.plot([0, 1], [r["used"]["worst-fit"], r["used"]["mell"]], "o-", color=color, alpha=0.7,
                     label=f"load {lf}" if i == 0 else None)
     bx.set_xticks([0, 1], [label for _, label in POLICIES])
     bx.set_xlim(-0.4, 1.4)
+    used = [v for reps in per_load.values() for r in reps for v in r["used"].values()]
+    bx.set_ylim(min(used) - 0.05 * (max(used) - min(used)), max(used) + 0.25 * (max(used) - min(used)))
     bx.set_ylabel("server-seconds used")
     bx.set_title("Each replication, paired")
     bx.legend(loc="upper center", ncols=len(per_load))
-    fig.tight_layout()
-    fig.savefig(path)
-    pyplot.close(fig)
+    return fig
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -228,6 +228,12 @@ def _width_batch() -> Any:
     return mod.width_batch_figure(info, rows, prof)
 
 
+def _mell_consolidate() -> Any:
+    from petals_chain.experiments import mell_consolidate as m
+
+    return m.consolidate_figure(*m.saved_plot_data(RESULTS))
+
+
 def _table1(folder: str) -> Any:
     from petals_chain.experiments import table1_report as t
 
@@ -332,6 +338,7 @@ FIGURES: dict[str, Callable[[], Any]] = {
     "torta-fig10.png": lambda: _torta([("load_balance", "load balance"), ("load_balance_horizon", "per server")]),
     "moldable_fig2.png": _moldable_fig2,
     "torta-live.png": _torta_live,
+    "mell-consolidate.png": _mell_consolidate,
     "profile/cpu-emulated-regime-x9.png": lambda: _profile("cpu-emulated-regime-x9"),
 }
 
