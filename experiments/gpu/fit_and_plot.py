@@ -326,11 +326,11 @@ def fig9_figure(raw: dict, fit: dict, sheet: tuple | None):
     return fig
 
 
-def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3, bins: int = 8):
+def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3, bin_tokens: int = 256):
     """tau_concurrency.png: (a) the decode step per block vs context for ``shown`` session counts c (the fewest,
-    one between and the most) as the mean of each of ``bins`` context windows with the quartiles shaded (single
-    steps jump between two levels ±30 % apart, which drawn raw, or as medians of short windows, was a tangle);
-    (b) prefill per block vs tokens; (c) eager vs CUDA graph."""
+    one between and the most) as the mean of context windows of about ``bin_tokens`` tokens each (at least 3 per
+    series) with the quartiles shaded (single steps jump between two levels ±30 % apart, which drawn raw, or as
+    means of short windows, was a tangle); (b) prefill per block vs tokens; (c) eager vs CUDA graph."""
     plt = _pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     graphs = fit.get("graphs_raw")
@@ -342,6 +342,7 @@ def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3
         r = max((r for r in raw["decode"] if r["c"] == c), key=lambda r: r["m"])
         st = np.array(r["steps_s"]) / r["m"] * 1e3
         ctx = r["l_in"] + np.arange(st.size)
+        bins = max(3, round((ctx[-1] - ctx[0]) / bin_tokens))
         edges = np.linspace(ctx[0], ctx[-1] + 1, bins + 1)
         which = np.clip(np.digitize(ctx, edges) - 1, 0, bins - 1)
         mid = [(edges[i] + edges[i + 1]) / 2 for i in range(bins) if np.any(which == i)]
@@ -355,7 +356,7 @@ def concurrency_figure(raw: dict, fit: dict, sheet: tuple | None, shown: int = 3
         xx = np.linspace(raw["decode"][0]["l_in"], max(r["l_in"] + len(r["steps_s"]) for r in raw["decode"]), 20)
         for c in picked:
             ax[0].plot(xx, (s_m + c * kv * xx) / sheet[2] * 1e3, ":", color=colors[cs.index(c) % 10], lw=1.2)
-        ax[0].plot([], [], "k:", label="datasheet: (s_m + c·KV bytes)/b")
+        ax[0].plot([], [], ":", color="0.45", label="dotted, in each c's colour: datasheet (s_m + c·KV bytes)/b")
     ax[0].set(xlabel="context length (tokens)", ylabel="decode step per block (ms)", ylim=(0, None),
               title=f"decode: step time per block vs context\n(c sessions batched; {len(cs)} values of c measured, "
                     f"{len(picked)} shown)")
