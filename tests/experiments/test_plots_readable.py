@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -389,3 +390,50 @@ def test_the_limit_figure_labels_coinciding_bounds_as_the_exact_mean() -> None:
         plt.close(fig)
     assert any("coincide" in label and "exact M/M/c mean" in label for label in labels)
 
+
+
+def _replotted_figures(tmp_path_factory) -> dict[str, list[str]]:
+    """Every figure the replottable experiments of results/README.md draw when redrawn from their committed files
+    (``--replot`` into a copy of results/), each checked as it is saved: file name → its layout problems."""
+    import contextlib
+    import io
+    import re
+    import shlex
+    import shutil
+
+    from matplotlib.figure import Figure
+
+    from petals_chain.experiments import EXPERIMENTS, load
+    from petals_chain.experiments.__main__ import main
+
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    parts = re.split(r"^<!-- (\S+) -->\n", text, flags=re.MULTILINE)
+    command = re.compile(r"Command: `python -m petals_chain\.experiments ([^`]*)`")
+    argvs = [shlex.split(m.group(1)) for sec in parts[2::2] if (m := command.search(sec))]
+    out = tmp_path_factory.mktemp("replot") / "results"
+    shutil.copytree(RESULTS, out)
+    found: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def checked_save(fig: Any, fname: Any, *args: Any, **kwargs: Any) -> Any:
+        found[str(fname)] = layout_problems(fig)
+        return save(fig, fname, *args, **kwargs)
+
+    Figure.savefig = checked_save
+    try:
+        for argv in argvs:
+            if argv[0] in EXPERIMENTS and getattr(load(argv[0]), "REPLOT", False):
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    assert main([a for a in argv if a != "--replot"] + ["--replot", "--out", str(out)]) == 0, argv
+    finally:
+        Figure.savefig = save
+    return {str(Path(f).relative_to(out)): problems for f, problems in found.items()}
+
+
+def test_every_figure_a_replottable_experiment_draws_is_readable(tmp_path_factory) -> None:
+    """Beyond the figures above: each one the experiments redraw from their files (fig5, fig6, torta-fig11, the
+    Mell and TORTA figures, ...) passes the same checks."""
+    found = _replotted_figures(tmp_path_factory)
+    assert len(found) >= 20  # the walk really redrew the figures
+    bad = {name: problems for name, problems in found.items() if problems}
+    assert bad == {}, "; ".join(f"{n}: {', '.join(p[:3])}" for n, p in bad.items())
