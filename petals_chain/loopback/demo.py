@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
 import os
 import re
@@ -30,6 +31,8 @@ from petals_chain import defaults
 from petals_chain.model import SpecError, span_text
 from petals_chain.client.model import close_client
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
+
+log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -154,6 +157,7 @@ def run_burst(model: Any, tok: Any, questions: Sequence[str], max_new_tokens: in
                        "service_s": rec.service_s, "response_s": rec.response_s,
                        "new_tokens": int(out.shape[1] - ids.shape[1]), "error": ""}
         except Exception as exc:  # reported in the table, never silently dropped
+            log.warning("request %d failed", i, exc_info=True)  # the traceback goes to the run's log
             rows[i] = {"request": i, "question": q, "answer": "", "lease_id": "", "chain": "", "route": "",
                        "sent_s": sent - t0,
                        "waiting_s": None, "queue_waiting_s": None, "service_s": None, "response_s": None,
