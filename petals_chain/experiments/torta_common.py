@@ -1,12 +1,17 @@
 """What the TORTA figures share: run settings, the per-topology comparison (cached per seed) and the paper's numbers.
 
-docs/torta.md, "Experiments". Figs 8–11 read the same comparison rows, so it is computed once per
-(seed, quick) and kept in results/torta-runs[-quick].csv.
+docs/torta.md, "Experiments". Every figure's evaluations of one (topology, seed) come from one training: the shared
+evaluation (:func:`shared_evaluation`) trains that seed's policies once and runs on its arrivals every method of
+the main comparison (Figs 8–11), TORTA at every forecast accuracy of Fig 12 and, on the trust topologies, TORTA at
+every trust of the PPO ablation. Its checkpoint (``torta-eval-TOPOLOGY``) serves whichever of those figures runs
+first and every one after it; Figs 8–11 also keep their rows in results/torta-runs[-quick].csv.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,9 @@ from petals_chain.torta.params import DEFAULT, FULL_EPISODES, QUICK_EPISODES, QU
 TOPOLOGIES = ("abilene", "polska", "gabriel25", "cost266")
 PAPER_NAME = {"abilene": "Abilene", "polska": "Polska", "gabriel25": "Gabriel", "cost266": "Cost2"}
 ORDER = ("TORTA", "SkyLB", "SDIB", "RR", "OT-only", "OT-unbalanced", "RL-no-OT")
+PAS = (0.1, 0.3, 0.5, 0.7, 0.9)  # Fig 12: the noisy oracle's prediction accuracies
+TRUSTS = (0.15, 0.5, 1.0)  # the PPO ablation: policy_trust values (0.15 is DEFAULT's)
+TRUST_TOPOLOGIES = ("abilene", "polska")
 # Figs 8, 9, 10 of the paper: (TORTA, SkyLB, SDIB, RR)
 PAPER = {
     "mean_response_s": {"abilene": (16.39, 18.72, 19.66, 21.50), "cost266": (19.31, 21.58, 22.51, 24.39),
@@ -70,26 +78,45 @@ class EvalTask:
     rs: RunSettings
     base_seed: int
     runs: tuple[tuple[float | None, tuple[str, ...]], ...] = ((None, ORDER),)
-    checkpoint_dir: Path | None = None
+    # where the first seed's policy is saved; not part of the repr, which keys the checkpoint rows (an absolute path
+    # there made a clone elsewhere recompute every seed)
+    checkpoint_dir: Path | None = field(default=None, repr=False, compare=False)
+    trusts: tuple[float, ...] = ()  # TORTA also at these policy_trust values (learned predictor), rows tagged 'trust'
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
-        """Rows under 'rows' (with their 'accuracy'), the learning curve under 'curve'."""
+        """Rows under 'rows' (with their 'accuracy' and 'trust'), the learning curve under 'curve'."""
         s = int(seed.generate_state(1)[0] % 2**31)
         st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, s, progress=False,
                      checkpoint_dir=self.checkpoint_dir if index == 0 else None)
-        rows = [{**r, "accuracy": float("nan") if acc is None else acc}
+        own = st.params.policy_trust
+        rows = [{**r, "accuracy": float("nan") if acc is None else acc, "trust": own}
                 for acc, methods in self.runs for r in evaluate(st, methods, acc)]
+        for trust in self.trusts:
+            if trust != own:  # the trust bounds decisions only: the same training serves it
+                at = dataclasses.replace(st, params=st.params.with_(policy_trust=trust))
+                rows += [{**r, "accuracy": float("nan"), "trust": trust} for r in evaluate(at, ("TORTA",))]
         return {"rows": rows, "curve": st.curve}
 
 
 Runs = tuple[tuple[float | None, tuple[str, ...]], ...]  # (forecast accuracy or None, methods) pairs
 
 
+SHARED_RUNS: Runs = ((None, ORDER),) + tuple((pa, ("TORTA",)) for pa in PAS)
+_SHARED: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}  # in-process
+
+
 def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
-                      runs: Runs = ((None, ORDER),), stem: str = "torta-runs") -> list[dict[str, Any]]:
+                      runs: Runs = ((None, ORDER),), stem: str = "torta-runs",
+                      trusts: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     """Every seed of ``topology`` (policies trained per seed's system); writes the first seed's learning curve.
     A full run keeps each finished seed in a checkpoint (``stem``-topology), so hours of training resume."""
-    task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints")
+    return _evaluate(topology, args, rs, seeds, runs, stem, trusts)[0]
+
+
+def _evaluate(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs, stem: str,
+              trusts: tuple[float, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every seed's rows, the first seed's learning curve); the curve's CSV and PNG written."""
+    task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints", trusts)
     out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}",
                            checkpoint=checkpoint_path(f"{stem}-{topology}", args), ray=rs.ray)
     curve = out[0]["curve"]
@@ -97,7 +124,25 @@ def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
     write_csv(args.out / f"{name}.csv", curve)
     plot_curve(curve, args.out / f"{name}.png", f"PPO on {topology} (first seed of --seed {args.seed}, "
                f"{rs.episodes} episodes)")
-    return [r for rep in out for r in rep["rows"]]
+    return [r for rep in out for r in rep["rows"]], curve
+
+
+def shared_evaluation(topology: str, args: Any, rs: RunSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One training per seed of ``topology`` for every TORTA figure: the rows of the main comparison (accuracy NaN,
+    the default trust), of Fig 12 (TORTA at each accuracy in :data:`PAS`) and, on :data:`TRUST_TOPOLOGIES`, of the
+    PPO ablation (TORTA at each trust in :data:`TRUSTS`); and the first seed's learning curve. Kept per topology
+    in the ``torta-eval`` checkpoint (full runs) and for the rest of the process (so one process that draws several
+    figures trains once)."""
+    key = (topology, repr(rs), args.seed, bool(args.quick), str(args.out))
+    if key not in _SHARED:
+        trusts = TRUSTS if topology in TRUST_TOPOLOGIES else ()
+        _SHARED[key] = _evaluate(topology, args, rs, rs.seeds, SHARED_RUNS, "torta-eval", trusts)
+    return _SHARED[key]
+
+
+def main_rows(rows: list[dict[str, Any]], rs: RunSettings) -> list[dict[str, Any]]:
+    """The main comparison's rows of a shared evaluation: the learned predictor, the run's own trust."""
+    return [r for r in rows if math.isnan(float(r["accuracy"])) and float(r["trust"]) == rs.params.policy_trust]
 
 
 def comparison_rows(args: Any) -> list[dict[str, Any]]:
@@ -118,7 +163,7 @@ def comparison_rows(args: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for topo in TOPOLOGIES:
         rows += [{**r, "base_seed": args.seed, "code_digest": digest}
-                 for r in evaluate_topology(topo, args, rs, rs.seeds)]
+                 for r in main_rows(shared_evaluation(topo, args, rs)[0], rs)]
     write_csv(path, rows)
     return read_rows(path)
 

@@ -8,10 +8,9 @@ import math
 import numpy as np
 
 from petals_chain.experiments.common import Summary, mean_ci, read_csv, replotting, save_figure, write_csv
-from petals_chain.experiments.torta_common import PAPER_NAME, TOPOLOGIES, evaluate_topology, settings
+from petals_chain.experiments.torta_common import PAPER_NAME, PAS, TOPOLOGIES, main_rows, settings, shared_evaluation
 
 BASELINES = ("SkyLB", "SDIB", "RR")
-PAS = (0.1, 0.3, 0.5, 0.7, 0.9)
 REPLOT = True  # `--replot` redraws torta-fig12.png and its section from results/torta-fig12.csv
 COLOURS = {"SkyLB": "C1", "SDIB": "C2", "RR": "C3"}
 
@@ -24,9 +23,10 @@ def run(args) -> Summary:
         rows = read_csv(args.out / "torta-fig12.csv")
     else:
         rows = []
-        for topo in TOPOLOGIES:
-            rows += evaluate_topology(topo, args, rs, rs.seeds,
-                                      tuple((pa, ("TORTA",)) for pa in PAS) + ((None, BASELINES),), stem="torta-fig12")
+        for topo in TOPOLOGIES:  # the shared evaluation: the main comparison's training and baselines
+            shared = shared_evaluation(topo, args, rs)[0]
+            rows += [r for r in shared if r["method"] == "TORTA" and not math.isnan(float(r["accuracy"]))]
+            rows += [r for r in main_rows(shared, rs) if r["method"] in BASELINES]
         write_csv(args.out / "torta-fig12.csv", rows)
     save_figure(_figure(rows), args.out / "torta-fig12.png")
     lines = []

@@ -4,32 +4,27 @@ OT alone and RL without OT, with the learning curve that says where the reward s
 
 ``policy_trust`` bounds, at decision time, how far the learned allocation may move from its anchor, a smoothed OT
 plan (‖A − anchor‖_F ≤ trust; torta/episode.py). PPO trains without it, so one training serves every trust: for
-each topology of :data:`TRUST_TOPOLOGIES` and each evaluation seed (those of the main comparison), the policies are
-trained once and TORTA is evaluated at every trust, beside OT-only and RL-no-OT, on the same arrivals. A full run
-keeps each finished seed (resumable per topology; about 20 CPU-minutes a seed at the full setting); ``--quick`` is
-the scaled quick setting. Output: torta-trust.csv (one row per topology, seed, trust and method; OT-only and
-RL-no-OT once per seed, under every trust for the pairing), torta-trust-curves.csv (the first seed's learning curve
-per topology), torta-trust.png.
+each topology of :data:`TRUST_TOPOLOGIES` and each evaluation seed, the shared evaluation
+(``torta_common.shared_evaluation``, the same training as the main comparison and Fig 12) evaluates TORTA at every
+trust beside OT-only and RL-no-OT on the same arrivals; a full run resumes from its per-seed checkpoint.
+``--quick`` is the scaled quick setting. Output: torta-trust.csv (one row per topology, seed, trust and method;
+OT-only and RL-no-OT once per seed, under every trust for the pairing), torta-trust-curves.csv (the first seed's
+learning curve per topology), torta-trust.png.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from petals_chain.experiments.common import (Summary, checkpoint_path, mean_ci, read_csv, replotting,
+from petals_chain.experiments.common import (Summary, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
-from petals_chain.experiments.torta_common import PAPER_NAME, RunSettings, settings
-from petals_chain.sim.montecarlo import run_replications
-from petals_chain.torta.compare import evaluate, prepare
+from petals_chain.experiments.torta_common import (PAPER_NAME, TRUST_TOPOLOGIES, TRUSTS, RunSettings, main_rows,
+                                                   settings, shared_evaluation)
 
-TRUSTS = (0.15, 0.5, 1.0)
 METHODS = ("TORTA", "OT-only", "RL-no-OT")
-TRUST_TOPOLOGIES = ("abilene", "polska")
 TOPOLOGIES = TRUST_TOPOLOGIES
 REPLOT = True
 NAME = "torta-trust"
@@ -50,35 +45,19 @@ def plateau_episode(rewards: list[float], share: float = 0.95) -> int:
     return int(np.argmax(smooth >= smooth[0] + share * rise)) + (w - 1 if r.size >= w else 0)
 
 
-@dataclass(frozen=True)
-class TrustTask:
-    """One evaluation seed of one topology (picklable for the process pool): train once, evaluate TORTA at every
-    trust and the two ablations once."""
-
-    topology: str
-    rs: RunSettings
-
-    def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
-        s = int(seed.generate_state(1)[0] % 2**31)  # the main comparison's seed for this index (torta_common)
-        st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, s, progress=False)
-        others = evaluate(st, METHODS[1:])
-        rows = []
-        for trust in TRUSTS:
-            at = dataclasses.replace(st, params=st.params.with_(policy_trust=trust))
-            rows += [{**r, "trust": trust} for r in evaluate(at, ("TORTA",)) + others]
-        return {"rows": rows, "curve": st.curve}
-
-
 def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]]:
-    """Every topology's seeds trained and evaluated; rows per trust and method, the first seed's curve."""
+    """Every trust topology's seeds from the shared evaluation (one training per seed serves the main comparison,
+    Fig 12 and this ablation): TORTA at each trust, and OT-only and RL-no-OT repeated under every trust for the
+    pairing; the first seed's curve."""
     rows, curves = [], []
     for topo in TOPOLOGIES:
-        out = run_replications(TrustTask(topo, rs), rs.seeds, args.seed, workers=rs.workers, ray=rs.ray,
-                               desc=f"trust {topo}", checkpoint=checkpoint_path(f"{NAME}-{topo}", args))
-        for rep in out:
-            rows += rep["rows"]
-        curves += [{"topology": topo, "episode": c["episode"], "mean_reward": c["mean_reward"]}
-                   for c in out[0]["curve"]]
+        shared, curve = shared_evaluation(topo, args, rs)
+        others = [r for r in main_rows(shared, rs) if r["method"] in METHODS[1:]]
+        for trust in TRUSTS:
+            torta = [r for r in shared if r["method"] == "TORTA" and math.isnan(float(r["accuracy"]))
+                     and float(r["trust"]) == trust]
+            rows += torta + [{**r, "trust": trust} for r in others]
+        curves += [{"topology": topo, "episode": c["episode"], "mean_reward": c["mean_reward"]} for c in curve]
     return rows, curves
 
 

@@ -56,3 +56,27 @@ def test_a_very_inaccurate_oracle_overforecasts_on_average() -> None:
     assert ratio[0.1] == pytest.approx((1 + np.log(10)) / 2, rel=0.01)
     assert ratio[0.3] == pytest.approx((1 + np.log(1 / 0.3)) / 2, rel=0.01)
     assert ratio[0.5] == pytest.approx(1.0, rel=0.01) and ratio[0.9] == pytest.approx(1.0, rel=0.01)
+
+
+def test_one_training_per_seed_serves_the_comparison_fig12_and_the_trust_ablation(tmp_path, monkeypatch) -> None:
+    """The main comparison (Figs 8-11), Fig 12 and the PPO ablation drawn in one process train each (topology, seed)
+    once: their rows all come from the shared evaluation."""
+    from petals_chain.experiments import torta_common, torta_fig12
+
+    rs = RunSettings(4, 2, 2, DEFAULT.with_(policy_hidden=(8, 8, 8), epochs=1), 1)
+    for mod in (torta_common, torta_fig12, torta_trust):
+        monkeypatch.setattr(mod, "settings", lambda args: rs)
+    trained = []
+    real = torta_common.prepare
+    monkeypatch.setattr(torta_common, "prepare", lambda *a, **k: trained.append(a[0]) or real(*a, **k))
+    args = Namespace(quick=True, seed=4, out=tmp_path, replot=False)
+    comparison = torta_common.comparison_rows(args)
+    torta_fig12.run(args)
+    torta_trust.run(args)
+    assert sorted(trained) == sorted(torta_common.TOPOLOGIES * rs.seeds)  # one training per (topology, seed)
+    fig12 = read_csv(tmp_path / "torta-fig12.csv")
+    assert {round(float(r["accuracy"]), 2) for r in fig12 if r["method"] == "TORTA"} == set(torta_common.PAS)
+    main = {(r["topology"], r["method"], r["seed"]): r["mean_response_s"] for r in comparison}
+    for r in read_csv(tmp_path / "torta-trust.csv"):  # the ablation's baselines and default trust are the main rows
+        if r["method"] != "TORTA" or float(r["trust"]) == DEFAULT.policy_trust:
+            assert float(r["mean_response_s"]) == pytest.approx(main[(r["topology"], r["method"], r["seed"])])
