@@ -43,8 +43,13 @@ class Tuning:
         return _pick(self.curve, criterion)
 
 
+TIE_RTOL = 1e-9  # criterion values this close (relative) are the same value up to rounding
+
+
 def _pick(curve: Sequence[CPoint], criterion: str) -> int:
-    """argmin of the criterion over the curve; ties go to the smallest c."""
+    """argmin of the criterion over the curve; ties go to the smallest c. Values within :data:`TIE_RTOL` of the
+    minimum tie: at a light load the lower bound is the fastest chain's service time for many c, computed along
+    different sums, and which of those exact ties came out a few ulps lower differed between CPUs."""
     key = {"lower": lambda p: p.lower_s, "upper": lambda p: p.upper_s, "surrogate": lambda p: p.surrogate}
     if criterion not in key:
         raise SpecError(f"tune: criterion must be one of {CRITERIA}, got {criterion!r}")
@@ -55,7 +60,8 @@ def _pick(curve: Sequence[CPoint], criterion: str) -> int:
             f"no c in 1..{max((p.c for p in curve), default=0)} gives a stable system for the arrival rate; "
             "add servers or lower the load"
         )
-    return min(finite, key=lambda p: (f(p), p.c)).c
+    best = min(f(p) for p in finite)
+    return min(p.c for p in finite if f(p) <= best + TIE_RTOL * abs(best))
 
 
 def _evaluate(servers, model, c, arrival_rate, target_load, memo,

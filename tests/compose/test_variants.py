@@ -14,6 +14,7 @@ from petals_chain.cli import main
 from petals_chain.compose.gbp_cr import gbp_cr_detail
 from petals_chain.compose.memory import memory_violations
 from petals_chain.compose.method_table import METHODS, get_method
+from petals_chain.compose.tuning import TIE_RTOL, tune_c
 from petals_chain.model import InfeasibleError, ModelSpec, ServerSpec, SpecError
 from tests.conftest import random_servers, worked_example
 
@@ -43,10 +44,17 @@ def _compose(name: str, servers, model, lam: float, rho: float = 0.7):
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c["name"])
 def test_paper_reproduces_the_composition_from_before_the_variants(case):
-    """Snapshot taken from Algorithm 1 as written: shipped clusters (as shipped then), worked example, random."""
+    """Snapshot taken from Algorithm 1 as written: shipped clusters (as shipped then), worked example, random. Where
+    the tuned c differs, the snapshot's c must tie with it (the lower bound equal up to rounding: the snapshot's
+    machine broke that exact tie by a few ulps, the rule gives it to the smallest c), and the composition at the
+    snapshot's c must still be the snapshot's."""
     servers = [ServerSpec(**s) for s in case["servers"]]
     model = ModelSpec(**case["model"])
     comp = METHODS["paper"].compose(servers, model, case["arrival_rate"], case["target_load"])
+    if comp.c != case["c"]:
+        curve = {p.c: p.lower_s for p in tune_c(servers, model, case["arrival_rate"], case["target_load"]).curve}
+        assert comp.c < case["c"] and curve[comp.c] == pytest.approx(curve[case["c"]], rel=TIE_RTOL)
+        comp = METHODS["paper"].compose(servers, model, case["arrival_rate"], case["target_load"], c=case["c"])
     assert comp.c == case["c"]
     assert list(comp.placement.first_block) == case["first_block"]
     assert list(comp.placement.num_blocks) == case["num_blocks"]
@@ -177,3 +185,20 @@ def test_compose_cli_rejects_bad_methods(bad, why, capsys):
     assert main(["compose", str(cluster), "--method", bad]) == 2
     err = capsys.readouterr().err
     assert why in err and "proposed, paper, max-chains, jffc_only" in err
+
+
+def test_criterion_values_equal_up_to_rounding_tie_to_the_smallest_c():
+    """Lower bounds a few ulps apart are one value (the fastest chain's service time along different sums): the
+    smallest such c wins whichever came out lowest on this CPU; a real difference still decides."""
+    import math
+
+    from petals_chain.compose.tuning import CPoint, _pick
+
+    x = 1.8075516902912285
+
+    def point(c: int, lower: float) -> CPoint:
+        return CPoint(c, 1, c, 1, 1, 1.0, lower, 2.0)
+
+    ulps = [point(1, math.nextafter(x, 2)), point(2, x), point(3, math.nextafter(x, 0)), point(4, x * (1 + 1e-6))]
+    assert _pick(ulps, "lower") == 1
+    assert _pick([point(1, x * (1 + 1e-6)), point(3, x)], "lower") == 3

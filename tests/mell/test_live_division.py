@@ -71,8 +71,10 @@ def test_live_bench_rejects_bad_lengths(capsys) -> None:
 def test_the_fastest_rule_picks_the_faster_mode_in_every_measured_case() -> None:
     """The measured downtime table (results/mell_downtime.csv: KV transfer vs token replay of 128-2048 tokens, on
     loopback and under a 10 Mbit/s tbf cap): with each link's speeds profiled from its shortest and longest session
-    and budgets both modes fit in, rule 'fastest' picks the mode that was faster in all 8 cases (first fit: 7, best
-    fit: 1); within the simulator's epoch limits it never picks a mode that does not fit."""
+    and budgets both modes fit in, rule 'fastest' picks the mode that was faster in all 8 cases; first fit, which
+    always tries KV first, is right exactly where KV transfer was faster (4 of 8 in the committed quiet run), best fit
+    (the least slack: the slower mode) in fewer cases than the fastest rule (0 of 8); within the simulator's epoch
+    limits the fastest rule never picks a mode that does not fit."""
     path = Path(__file__).resolve().parents[2] / "results" / "mell_downtime.csv"
     rows = [DowntimeRow(r["link"], int(r["tokens"]), int(r["position"]), r["mode"], r["direction"],
                         float(r["migrate_s"]), float(r["gap_s"]), float(r["normal_gap_s"]), float(r["downtime_s"]),
@@ -84,6 +86,7 @@ def test_the_fastest_rule_picks_the_faster_mode_in_every_measured_case() -> None
               f"replay {c['replay_downtime_s']:7.2f} s (est. {c['replay_estimate_s']:7.2f}); faster {c['faster']:>5}, "
               f"fastest {c['fastest_both']:>5}, first {c['first_fit_both']:>5}, best {c['best_fit_both']:>5}")
     assert all(c["fastest_both"] == c["faster"] for c in checks)
-    assert sum(c["first_fit_both"] == c["faster"] for c in checks) == 7
-    assert sum(c["best_fit_both"] == c["faster"] for c in checks) == 1
+    assert sum(c["first_fit_both"] == c["faster"] for c in checks) == sum(c["faster"] == "kv" for c in checks)
+    assert all(c["first_fit_both"] == "kv" for c in checks)
+    assert sum(c["best_fit_both"] == c["faster"] for c in checks) < len(checks)
     assert all(c["fastest"] in (c["faster"], "defer") for c in checks)
