@@ -229,7 +229,7 @@ class BatchedSpanStep:
         packed = tokens * (12 * self.hidden_size * max(element, 4) + 4 * intermediate * element)
         heads, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = live[0].hidden_states.reshape(-1, self.hidden_size)
-        live = self._packing_order(live, x)
+        live = [live[i] for i in self._packing_order(live, x.device)]
         gather = self._gather_plan(live, x)
         gathered = 0
         if gather is not None:
@@ -261,40 +261,41 @@ class BatchedSpanStep:
         if not live:
             return [s.hidden_states for s in steps]
 
-        first = live[0].hidden_states
-        packed = self._packing_order(live, first.new_empty(0, self.hidden_size))
+        order = self._packing_order(live, live[0].hidden_states.device)  # indices into live
+        packed = [live[i] for i in order]
         x = torch.cat([s.hidden_states.reshape(-1, self.hidden_size) for s in packed])  # [T, hidden], packed
         cos, sin = self._rotary_tables(packed, x)
         gather = self._gather_plan(packed, x)
         for index, layer in enumerate(self.layers):
             x = self._layer(layer, index, x, packed, cos, sin, gather)
 
-        rows: dict[int, torch.Tensor] = {}  # id of a packed session's step -> its output rows
+        outputs: list[torch.Tensor] = [None] * len(live)  # type: ignore[list-item]  # per live session
         offset = 0
-        for s in packed:
+        for i, s in zip(order, packed):
             size = s.hidden_states.shape[0] * s.n_tokens
-            rows[id(s)] = x[offset:offset + size].view_as(s.hidden_states)
+            outputs[i] = x[offset:offset + size].view_as(s.hidden_states)
             offset += size
-        return [rows.get(id(s), s.hidden_states) for s in steps]
+        it = iter(outputs)
+        return [s.hidden_states if s.hidden_states.numel() == 0 else next(it) for s in steps]
 
-    def _gathers(self, x: torch.Tensor) -> bool:
+    def _gathers(self, device: torch.device) -> bool:
         """Whether decoding sessions attend gathered here (``auto``: on CUDA only)."""
         mode = self.attention
         if mode == "auto":
-            mode = "gathered" if x.device.type == "cuda" else "per_session"
+            mode = "gathered" if device.type == "cuda" else "per_session"
         return mode == "gathered"
 
-    def _packing_order(self, steps: Sequence[SessionStep], x: torch.Tensor) -> list[SessionStep]:
-        """The sessions in the order their rows are packed: as given, except that where the decoding sessions
-        (one token each) attend gathered beside sessions of more tokens, the decoding ones come first (in their
-        order), so that the gathered attention covers one leading range of rows."""
-        steps = list(steps)
-        if not self._gathers(x) or len({id(s) for s in steps}) != len(steps):
-            return steps
-        decoding = [s for s in steps if s.n_tokens == 1]
+    def _packing_order(self, steps: Sequence[SessionStep], device: torch.device) -> list[int]:
+        """The indices of ``steps`` in the order their rows are packed: as given, except that where the decoding
+        sessions (one token each) attend gathered beside sessions of more tokens, the decoding ones come first (in
+        their order), so that the gathered attention covers one leading range of rows."""
+        order = list(range(len(steps)))
+        if not self._gathers(device):
+            return order
+        decoding = [i for i in order if steps[i].n_tokens == 1]
         if len(decoding) < 2 or len(decoding) == len(steps):
-            return steps
-        return decoding + [s for s in steps if s.n_tokens != 1]
+            return order
+        return decoding + [i for i in order if steps[i].n_tokens != 1]
 
     def _rotary_tables(self, steps: Sequence[SessionStep], x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim]`` of every packed token's absolute position (its session's own)."""
@@ -309,7 +310,7 @@ class BatchedSpanStep:
         :meth:`_packing_order` puts them), or None when the whole step takes the per-session path (see the module's
         docstring): fewer than two sessions decode one token, they are not the leading ones, or a cache is shorter
         than the padded length and not an arena's slot (an arena row always has the arena's full length)."""
-        if not self._gathers(x):
+        if not self._gathers(x.device):
             return None
         count = next((i for i, s in enumerate(steps) if s.n_tokens != 1), len(steps))
         if count < 2 or any(s.n_tokens == 1 for s in steps[count:]):

@@ -272,7 +272,7 @@ def test_gathered_falls_back_per_session(backends) -> None:
     assert step._gather_plan([verify, SessionStep(one, long_c, 3)], x) is None  # one decoder: nothing to gather
     two = [verify, SessionStep(one, long_c, 3), SessionStep(one, long_c, 9)]
     assert step._gather_plan(two, x) is None  # the decoders must lead the packed rows ...
-    plan = step._gather_plan(step._packing_order(two, x), x)  # ... as the step packs them
+    plan = step._gather_plan([two[i] for i in step._packing_order(two, x.device)], x)  # ... as the step packs them
     assert plan is not None and (plan.sessions, plan.tokens, plan.longest) == (2, 2, 10)
     assert BatchedSpanStep(blocks, attention="auto")._gather_plan(
         [SessionStep(one, long_c, 20), SessionStep(one, long_c, 3)], x) is None  # auto: per session on a CPU
