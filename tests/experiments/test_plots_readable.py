@@ -397,19 +397,14 @@ def _replotted_figures(tmp_path_factory) -> dict[str, list[str]]:
     (``--replot`` into a copy of results/), each checked as it is saved: file name → its layout problems."""
     import contextlib
     import io
-    import re
-    import shlex
     import shutil
 
     from matplotlib.figure import Figure
 
-    from petals_chain.experiments import EXPERIMENTS, load
     from petals_chain.experiments.__main__ import main
+    from tests.experiments.test_readme_numbers import WITH_COMMAND, _replots
 
-    text = (RESULTS / "README.md").read_text(encoding="utf-8")
-    parts = re.split(r"^<!-- (\S+) -->\n", text, flags=re.MULTILINE)
-    command = re.compile(r"Command: `python -m petals_chain\.experiments ([^`]*)`")
-    argvs = [shlex.split(m.group(1)) for sec in parts[2::2] if (m := command.search(sec))]
+    argvs = [argv for argv in WITH_COMMAND.values() if _replots(argv)]
     out = tmp_path_factory.mktemp("replot") / "results"
     shutil.copytree(RESULTS, out)
     found: dict[str, list[str]] = {}
@@ -422,9 +417,8 @@ def _replotted_figures(tmp_path_factory) -> dict[str, list[str]]:
     Figure.savefig = checked_save
     try:
         for argv in argvs:
-            if argv[0] in EXPERIMENTS and getattr(load(argv[0]), "REPLOT", False):
-                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    assert main([a for a in argv if a != "--replot"] + ["--replot", "--out", str(out)]) == 0, argv
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                assert main([a for a in argv if a != "--replot"] + ["--replot", "--out", str(out)]) == 0, argv
     finally:
         Figure.savefig = save
     return {str(Path(f).relative_to(out)): problems for f, problems in found.items()}
