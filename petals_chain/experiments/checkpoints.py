@@ -1,5 +1,5 @@
 """The live experiments' checkpoints: one JSON record per line, appended as each replication (or cell) finishes,
-read back whole on a rerun, so that a run stopped part-way resumes from what it finished (.cache/experiments, the
+read back whole on a rerun, so that a run stopped part-way resumes from what it finished (results/resume/, the
 file named by ``common.checkpoint_path``; none for a --quick run)."""
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import json
@@ -20,12 +21,16 @@ REPO = Path(__file__).resolve().parents[2]
 RESUME_DIR = REPO / "results" / "resume"  # full runs' finished replications (checkpoint_path)
 
 
-def code_digest(loaded_only: bool = False) -> str:
+def code_digest(loaded_only: bool = False, code: str | None = None) -> str:
     """A digest of the package's source files: every one, or (``loaded_only``) those of the modules imported so far,
-    which for a running experiment are the code it runs: a checkpoint is reused only by the very same code."""
+    which for a running experiment are the code it runs: a checkpoint is reused only by the very same code. With
+    ``code`` (the module that runs the replications), the experiments' entry modules (:data:`EXPERIMENTS`) other
+    than ``code`` and those it imports are left out: they draw and summarise, and several figures drawn from one
+    evaluation (TORTA's) must find the same checkpoint whichever of them runs it."""
     if loaded_only:
         names = {m.__file__ for k, m in list(sys.modules.items())
-                 if (k == "petals_chain" or k.startswith("petals_chain.")) and getattr(m, "__file__", None)}
+                 if (k == "petals_chain" or k.startswith("petals_chain.")) and getattr(m, "__file__", None)
+                 and (code is None or k not in _entries_not_run_by(code))}
         paths = sorted(Path(f).resolve() for f in names if f.endswith(".py"))
     else:
         paths = sorted((REPO / "petals_chain").rglob("*.py"))
@@ -36,15 +41,45 @@ def code_digest(loaded_only: bool = False) -> str:
     return h.hexdigest()[:16]
 
 
-def checkpoint_path(name: str, args: Any) -> Path | None:
+def _entries_not_run_by(code: str) -> set[str]:
+    """The experiments' entry modules that ``code`` neither is nor imports (directly or through other modules of
+    this package, read from their source)."""
+    from petals_chain.experiments import EXPERIMENTS
+
+    entries = {f"{__package__}.{m}" for m in EXPERIMENTS.values()}
+    reached, todo = set(), [code]
+    while todo:
+        name = todo.pop()
+        if name in reached or not name.startswith("petals_chain."):
+            continue
+        reached.add(name)
+        path = REPO / (name.replace(".", "/") + ".py")
+        if path.is_file():
+            todo += _imported_modules(path)
+    return entries - reached
+
+
+def _imported_modules(path: Path) -> list[str]:
+    """Every module a source file imports by name (``import a.b``, ``from a.b import c``: a.b and a.b.c)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return out
+
+
+def checkpoint_path(name: str, args: Any, code: str) -> Path | None:
     """Where a full (not --quick) run keeps its finished replications so that a rerun of the same code resumes.
     They live under results/resume/, committed with the results: a run of several CPU-hours may span machines and
     sessions, and the rows are the raw per-replication data behind the figures. The file name carries the digest
-    of the modules the run has imported, so changed code never reuses stale rows while edits elsewhere in the
-    package do not throw hours of runs away."""
+    of the modules the run has imported (less the entry modules of other experiments than ``code``, the module that
+    runs the replications: see :func:`code_digest`), so changed code never reuses stale rows while edits elsewhere
+    in the package do not throw hours of runs away."""
     if args.quick:
         return None
-    return RESUME_DIR / f"{name}-seed{args.seed}-{code_digest(loaded_only=True)}.jsonl"
+    return RESUME_DIR / f"{name}-seed{args.seed}-{code_digest(loaded_only=True, code=code)}.jsonl"
 
 
 @dataclass

@@ -236,7 +236,7 @@ def run_cells(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], ...]
     else:
         only = [settings.index(cell) * cfg["runs"] + r for cell in picked for r in range(cfg["runs"])]
         rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
-                                desc="fig8 cells", checkpoint=checkpoint_path("fig8", args), only=only)
+                                desc="fig8 cells", checkpoint=checkpoint_path("fig8", args, __name__), only=only)
     red = reductions(rows, picked)
     agg = {(r["J"], r["eta"], r["method"]): r for r in aggregate(rows, picked)}
     table, lines = [], [f"{cfg['runs']} runs × {cfg['n_jobs']} jobs per cell, the runs these cells have in the whole "
@@ -283,7 +283,7 @@ def rerun_methods(args, cfg: dict[str, Any], settings: tuple[tuple[int, float], 
                         "configuration (run fig8 in full first)")
     task = Fig8Run(settings, cfg["runs"], cfg["n_jobs"], methods=tuple(dict.fromkeys(methods)))
     fresh = run_replications(task, len(expect), args.seed, **backend(args),
-                             desc=f"fig8 {' '.join(methods)}", checkpoint=checkpoint_path("fig8", args))
+                             desc=f"fig8 {' '.join(methods)}", checkpoint=checkpoint_path("fig8", args, __name__))
     out = []
     for old, new in zip(saved, fresh):
         row = old | new | {"J": int(old["J"]), "run": int(old["run"])}
@@ -299,7 +299,7 @@ def run(args) -> Summary:
     if getattr(args, "cells", None):
         return run_cells(args, cfg, settings, task)
     only_methods = getattr(args, "methods", None)
-    # Resumable: every finished run is kept in .cache/experiments/ and a rerun computes only the missing ones.
+    # Resumable: every finished run is kept in results/resume/ and a rerun computes only the missing ones.
     if replotting(args):  # redraw from the saved runs (their statuses and means), no simulation
         rows = read_csv(args.out / "fig8_runs.csv")
     elif only_methods:
@@ -307,7 +307,7 @@ def run(args) -> Summary:
         write_csv(args.out / "fig8_runs.csv", rows)
     else:
         rows = run_replications(task, len(settings) * cfg["runs"], args.seed, **backend(args),
-                                desc="fig8 runs", checkpoint=checkpoint_path("fig8", args))
+                                desc="fig8 runs", checkpoint=checkpoint_path("fig8", args, __name__))
         write_csv(args.out / "fig8_runs.csv", rows)
     agg = aggregate(rows, settings)
     write_csv(args.out / "fig8.csv", agg)

@@ -9,7 +9,7 @@ a session takes one from the most recently opened server, which can then be rele
 one replication to the next. A server is counted as used while any session holds its cache (during a move, both
 servers). The comparison is paired by replication (the same arrivals, prompts and lengths under both packers): the
 mean saving with its 95 % interval, or, where the interval includes zero, the saving the run could have detected
-(experiments/paired.py). A full run keeps each finished replication in its checkpoint (.cache/experiments) and
+(experiments/paired.py). A full run keeps each finished replication in its checkpoint (results/resume/) and
 resumes from it; each records the machine's load average.
 """
 
@@ -59,7 +59,7 @@ def run(args: Any) -> Summary:
     n, lo, hi = (12, 8, 64) if quick else (30, 8, 96)
     reps = 1 if quick else REPLICATIONS
     loads = LOADS[:1] if quick else LOADS
-    ckpt = checkpoint_path(NAME, args)
+    ckpt = checkpoint_path(NAME, args, __name__)
     done = load_replications(ckpt, _key)
     missing = [(load, i) for load in loads for i in range(reps) if (load, i) not in done]
     if missing:

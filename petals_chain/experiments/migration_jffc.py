@@ -13,7 +13,7 @@ from empty, the last ``TAIL`` while arrivals stop and the swarm drains (with nob
 than in steady state). The comparison is the paired difference of the measured requests' mean response; the bounds
 are Theorem 3.7's for the service times each replication measured under plain JFFC and its arrival rate. Every
 output must be the same under both policies (greedy decoding: the move is invisible). A full run keeps each
-replication in its checkpoint (.cache/experiments) with the machine's load average, and resumes from it.
+replication in its checkpoint (results/resume/) with the machine's load average, and resumes from it.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def run(args: Any) -> Summary:
     if replotting(args):
         return replot(args.out)
     size = QUICK if args.quick else FULL
-    ckpt = checkpoint_path(NAME, args)
+    ckpt = checkpoint_path(NAME, args, __name__)
     done = load_replications(ckpt, _key)
     missing = [i for i in range(size["replications"]) if i not in done]
     if missing:

@@ -25,7 +25,7 @@ def run(args) -> Summary:
     keys = [(n, scheme) for n in sizes for scheme in SCHEMES]
     cells = [ClassesRun(n, CLASSES, scheme, "exp", arrivals) for n, scheme in keys]
     grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable classes runs",
-                              checkpoint=checkpoint_path("moldable-classes", args))
+                              checkpoint=checkpoint_path("moldable-classes", args, __name__))
     rows = []
     for (n, scheme), reps in zip(keys, grouped):
         s = summarise(reps, KEYS)

@@ -37,7 +37,7 @@ def run(args) -> Summary:
                     keys.append((speed_name, regime, n, scheme, lam, SpeedUp(speed)))
                     cells.append(MoldableRun(n, lam, speed, scheme, "exp", arrivals))
     grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable Fig. 2 runs",
-                              checkpoint=checkpoint_path("moldable-fig2", args))
+                              checkpoint=checkpoint_path("moldable-fig2", args, __name__))
     rows = []
     for (speed_name, regime, n, scheme, lam, sp), reps in zip(keys, grouped):
         s = summarise(reps)

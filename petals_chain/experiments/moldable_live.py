@@ -9,7 +9,7 @@ other sessions decoding beside the measured one (``OTHERS``); the orchestrator l
 chooses from the s(k) measured at the count nearest to the leases held, while ``greedy-p-lone`` keeps the lone
 session's s(k) (the rule before batching). Each replication draws one Poisson arrival sequence per load and serves it
 under all four policies (the same arrivals); the comparison is paired by replication (experiments/paired.py). A full
-run keeps the calibration and every finished cell in its checkpoint (.cache/experiments) with the machine's load
+run keeps the calibration and every finished cell in its checkpoint (results/resume/) with the machine's load
 average, and resumes from it.
 """
 
@@ -58,7 +58,7 @@ def run(args) -> Summary:
         return _report(args, read_csv(args.out / f"{NAME}_speedup.csv"),
                        read_csv(args.out / f"{NAME}_sessions.csv"), saved["data"]["chain"], saved["data"]["size"],
                        saved["data"].get("loadavg", []))
-    ckpt = checkpoint_path(NAME, args)
+    ckpt = checkpoint_path(NAME, args, __name__)
     done = _load(ckpt)
     calib = done.get("calibration")
     if calib is None:

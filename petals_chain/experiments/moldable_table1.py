@@ -25,7 +25,7 @@ def run(args) -> Summary:
                 keys.append((speed_name, regime, alpha, beta, k, dist, lam, SpeedUp(speed)))
                 cells.append(MoldableRun(P.TABLE1_N, lam, speed, "greedy-p", dist, P.TABLE1_ARRIVALS))
     grouped = replicate_cells(cells, runs, args.seed, **backend(args), desc="moldable Table 1 runs",
-                              checkpoint=checkpoint_path("moldable-table1", args))
+                              checkpoint=checkpoint_path("moldable-table1", args, __name__))
     rows = []
     for (speed_name, regime, alpha, beta, k, dist, lam, sp), reps in zip(keys, grouped):
         s = summarise(reps)

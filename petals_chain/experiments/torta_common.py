@@ -118,7 +118,7 @@ def _evaluate(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs,
     """(every seed's rows, the first seed's learning curve); the curve's CSV and PNG written."""
     task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints", trusts)
     out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}",
-                           checkpoint=checkpoint_path(f"{stem}-{topology}", args), ray=rs.ray)
+                           checkpoint=checkpoint_path(f"{stem}-{topology}", args, __name__), ray=rs.ray)
     curve = out[0]["curve"]
     name = f"torta-train-{topology}"
     write_csv(args.out / f"{name}.csv", curve)

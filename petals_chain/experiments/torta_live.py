@@ -7,7 +7,7 @@ Each replication draws its own arrivals (with their burst) and replays them unde
 forward in even replications and backward in odd ones, so that a load drifting on the shared machine weighs on every
 policy alike. The comparison is paired by arrival sequence: per replication, each policy's mean response minus
 TORTA-OT's, with the 95 % interval over replications (experiments/paired.py; where it includes zero, the difference
-the run could have detected). A full run keeps each replication in its checkpoint (.cache/experiments) with the
+the run could have detected). A full run keeps each replication in its checkpoint (results/resume/) with the
 machine's load average, and resumes from it.
 
 docs/torta.md, "On the swarm: regions".
@@ -176,7 +176,7 @@ def run(args: Any) -> Summary:
     """Run the replications not yet in the checkpoint (root only), then summarise: per origin and policy, and the
     paired differences by arrival sequence."""
     reps = 1 if args.quick else REPLICATIONS
-    ckpt = checkpoint_path(NAME, args)
+    ckpt = checkpoint_path(NAME, args, __name__)
     done = _load(ckpt)
     missing = [r for r in range(reps) if r not in done]
     if missing:

@@ -87,10 +87,11 @@ def test_experiment_checkpoints_are_for_full_runs_of_the_same_code() -> None:
 
     from petals_chain.experiments.common import checkpoint_path, code_digest
 
-    assert checkpoint_path("fig8", SimpleNamespace(quick=True, seed=1)) is None  # quick runs always recompute
-    path = checkpoint_path("fig8", SimpleNamespace(quick=False, seed=1))
+    code = "petals_chain.experiments.fig8_overall"
+    assert checkpoint_path("fig8", SimpleNamespace(quick=True, seed=1), code) is None  # quick runs always recompute
+    path = checkpoint_path("fig8", SimpleNamespace(quick=False, seed=1), code)
     assert path is not None and path.parent.parts[-2:] == ("results", "resume")  # committed: runs span sessions
-    assert path.name == f"fig8-seed1-{code_digest(loaded_only=True)}.jsonl"
+    assert path.name == f"fig8-seed1-{code_digest(loaded_only=True, code=code)}.jsonl"
     assert code_digest() == code_digest() and len(code_digest()) == 16
 
 
@@ -118,3 +119,25 @@ def test_a_subset_of_replications_has_the_seeds_and_checkpoint_rows_of_the_whole
     for bad in ([], [4], [-1], ["1"]):
         with pytest.raises(ValueError, match="only must name replications in 0..3"):
             run_replications(TASK, 4, seed=3, workers=1, progress=False, only=bad)
+
+
+def test_checkpoint_digest_leaves_out_the_entry_modules_the_replications_do_not_run(monkeypatch):
+    """The entry module of another experiment (one that only draws) does not key a checkpoint; the module named as
+    the replications' code does, and so does an entry module that code imports."""
+    import sys
+
+    import petals_chain.experiments.fig7_c_star  # noqa: F401  (an entry module; it imports fig6_c_curve's c_curve)
+    import petals_chain.experiments.torta_common  # noqa: F401
+    from petals_chain.experiments.common import code_digest
+
+    torta = "petals_chain.experiments.torta_common"
+    fig7 = "petals_chain.experiments.fig7_c_star"
+    with_entries = code_digest(loaded_only=True, code=torta)
+    assert with_entries != code_digest(loaded_only=True)  # fig6/fig7 are loaded but left out of TORTA's key
+    for entry in ("petals_chain.experiments.fig7_c_star", "petals_chain.experiments.fig6_c_curve"):
+        monkeypatch.delitem(sys.modules, entry)
+    assert code_digest(loaded_only=True, code=torta) == with_entries
+    monkeypatch.undo()
+    fig7_key = code_digest(loaded_only=True, code=fig7)
+    monkeypatch.delitem(sys.modules, "petals_chain.experiments.fig6_c_curve")  # fig7 imports it: part of its key
+    assert code_digest(loaded_only=True, code=fig7) != fig7_key
