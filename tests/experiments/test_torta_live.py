@@ -61,7 +61,7 @@ def test_a_full_run_resumes_from_its_checkpoint_without_a_swarm(tmp_path: Path, 
     ckpt = tmp_path / "ckpt.jsonl"
     reps = [_rep(r, {"rr": 1.0 + 0.1 * r}) for r in range(tl.REPLICATIONS)]
     ckpt.write_text("".join(json.dumps(r) + "\n" for r in reps))
-    monkeypatch.setattr(tl, "checkpoint_path", lambda name, args: ckpt)
+    monkeypatch.setattr(tl, "checkpoint_path", lambda name, args, code: ckpt)
     monkeypatch.setattr(tl, "run_live", lambda *a, **k: pytest.fail("started a swarm with nothing missing"))
     summary = tl.run(Namespace(out=tmp_path, quick=False, seed=1))
     assert summary.data["rr-minus-torta"]["n"] == tl.REPLICATIONS

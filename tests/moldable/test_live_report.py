@@ -72,7 +72,7 @@ def test_a_full_run_resumes_from_its_checkpoint_without_a_swarm(tmp_path: Path, 
                 append_record(ckpt, {"kind": "cell", "rep": rep, "load": load, "policy": policy, "loadavg": [0.9],
                                 "rows": rows})
     append_record(ckpt, {"kind": "chain", "chain": "a[0:16] → b[16:30]"})
-    monkeypatch.setattr(ml, "checkpoint_path", lambda name, args: ckpt)
+    monkeypatch.setattr(ml, "checkpoint_path", lambda name, args, code: ckpt)
     monkeypatch.setattr(ml, "_calibrate", lambda *a: pytest.fail("calibrated again"))
     monkeypatch.setattr(ml, "_live", lambda *a: pytest.fail("started a swarm with nothing missing"))
     summary = ml.run(Namespace(out=tmp_path, quick=False, seed=1, replot=False))

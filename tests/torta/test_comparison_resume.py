@@ -13,8 +13,9 @@ from petals_chain.torta.params import DEFAULT
 
 
 def test_full_comparison_resumes_from_its_checkpoint(tmp_path, monkeypatch) -> None:
-    real = common.checkpoint_path  # the real name (and None for --quick), kept under tmp_path instead of .cache/
-    monkeypatch.setattr(torta_common, "checkpoint_path", lambda name, a: (p := real(name, a)) and tmp_path / p.name)
+    real = common.checkpoint_path  # the real name (and None for --quick), kept under tmp_path, not results/resume/
+    monkeypatch.setattr(torta_common, "checkpoint_path",
+                        lambda name, a, code: (p := real(name, a, code)) and tmp_path / p.name)
     rs = RunSettings(4, 2, 1, DEFAULT.with_(policy_hidden=(8, 8, 8), epochs=1), 1)
     args = Namespace(quick=False, seed=5, out=tmp_path / "out")
     args.out.mkdir()
