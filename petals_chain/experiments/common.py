@@ -28,9 +28,10 @@ def code_digest(loaded_only: bool = False, code: str | None = None) -> str:
     than ``code`` and those it imports are left out: they draw and summarise, and several figures drawn from one
     evaluation (TORTA's) must find the same checkpoint whichever of them runs it."""
     if loaded_only:
+        skip = set() if code is None else _entries_not_run_by(code)
         names = {m.__file__ for k, m in list(sys.modules.items())
                  if (k == "petals_chain" or k.startswith("petals_chain.")) and getattr(m, "__file__", None)
-                 and (code is None or k not in _entries_not_run_by(code))}
+                 and k not in skip}
         paths = sorted(Path(f).resolve() for f in names if f.endswith(".py"))
     else:
         paths = sorted((REPO / "petals_chain").rglob("*.py"))
