@@ -26,10 +26,12 @@ import numpy as np
 from scipy import stats
 from tqdm import tqdm
 
+from petals_chain.data import DATA_ENV
 from petals_chain.sim.engine import simulate
 from petals_chain.sim.workloads import poisson_workload
 
 Task = Callable[[np.random.SeedSequence, int], dict[str, Any]]
+FORWARDED_ENV = (DATA_ENV,)  # what the replications read from the environment: set on every Ray worker as here
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,10 @@ def connect_ray(address: str) -> Any:
     """The ``ray`` module, connected to ``address`` (see :func:`parse_ray_address`) unless this process already is
     (then that session is used as it is). RayBackendError, one line, for a malformed or unreachable address or a
     missing ``ray`` package; a concrete address is probed over TCP first (always: a stale address is reported even
-    in a connected process), as Ray itself would retry for a minute."""
+    in a connected process), as Ray itself would retry for a minute.
+
+    The variables of :data:`FORWARDED_ENV` set here (the data folder, which ``--data-dir`` also sets) are given to
+    every task of this job: a worker on a head started without them inherits the head's environment, not ours."""
     address = parse_ray_address(address)
     try:
         import ray
@@ -126,11 +131,19 @@ def connect_ray(address: str) -> Any:
             _unreachable(address, host, port, exc.strerror or type(exc).__name__)
     if ray.is_initialized():
         return ray
+    env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     try:
-        ray.init(address=None if address == "auto" else address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=None if address == "auto" else address, logging_level="WARNING", log_to_driver=False,
+                 runtime_env={"env_vars": env} if env else None)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayBackendError(f"--ray {address}: cannot join the Ray cluster: {first}") from None
+        hint = ""
+        if address != "auto" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            # Ray sends its token to a named head only when told to: a head with token authentication (on whenever
+            # a token file exists where it started) refuses us without it
+            hint = ("; if the head uses token authentication, set RAY_AUTH_MODE=token here, with the head's token "
+                    "in ~/.ray/auth_token or RAY_AUTH_TOKEN")
+        raise RayBackendError(f"--ray {address}: cannot join the Ray cluster: {first}{hint}") from None
     return ray
 
 

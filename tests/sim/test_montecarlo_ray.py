@@ -19,10 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def local_ray(request: pytest.FixtureRequest):
-    """A local Ray of 2 CPUs for this module's tests, shut down after them; run_replications(ray="auto") joins it."""
+    """A local Ray of 2 CPUs for this module's tests, shut down after them; run_replications(ray="auto") joins it.
+    A new one even where a Ray cluster already runs on this machine (address "local"), which plain ray.init()
+    would join instead."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     request.addfinalizer(ray.shutdown)
     return ray
 
