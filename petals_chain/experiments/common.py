@@ -47,27 +47,44 @@ def _entries_not_run_by(code: str) -> set[str]:
     this package, read from their source)."""
     from petals_chain.experiments import EXPERIMENTS
 
-    entries = {f"{__package__}.{m}" for m in EXPERIMENTS.values()}
-    reached, todo = set(), [code]
+    return {f"{__package__}.{m}" for m in EXPERIMENTS.values()} - modules_reached(code, REPO)
+
+
+def modules_reached(code: str, root: Path) -> set[str]:
+    """The modules of ``code``'s top-level package that importing ``code`` runs, by reading the sources under
+    ``root``: those it imports by name or relatively, the ``__init__`` of every package on the way (importing a.b.c
+    runs a and a.b first), and so on through each of them."""
+    top = code.split(".")[0]
+    reached: set[str] = set()
+    todo = [code]
     while todo:
         name = todo.pop()
-        if name in reached or not name.startswith("petals_chain."):
+        if name in reached or name.split(".")[0] != top:
             continue
         reached.add(name)
-        path = REPO / (name.replace(".", "/") + ".py")
+        todo += [".".join(name.split(".")[:k]) for k in range(1, name.count(".") + 1)]  # its parent packages
+        base = root / name.replace(".", "/")
+        path = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
         if path.is_file():
-            todo += _imported_modules(path)
-    return entries - reached
+            todo += _imported_modules(path, name if path.name == "__init__.py" else name.rpartition(".")[0])
+    return reached
 
 
-def _imported_modules(path: Path) -> list[str]:
-    """Every module a source file imports by name (``import a.b``, ``from a.b import c``: a.b and a.b.c)."""
+def _imported_modules(path: Path, package: str) -> list[str]:
+    """Every module a source file of ``package`` imports (``import a.b``, ``from a.b import c``: a.b and a.b.c;
+    ``from .b import c`` resolved against ``package``)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module
+            out += [module] + [f"{module}.{a.name}" for a in node.names]
     return out
 
 

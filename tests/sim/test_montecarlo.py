@@ -141,3 +141,20 @@ def test_checkpoint_digest_leaves_out_the_entry_modules_the_replications_do_not_
     fig7_key = code_digest(loaded_only=True, code=fig7)
     monkeypatch.delitem(sys.modules, "petals_chain.experiments.fig6_c_curve")  # fig7 imports it: part of its key
     assert code_digest(loaded_only=True, code=fig7) != fig7_key
+
+
+def test_the_modules_an_import_runs_include_package_inits_and_relative_imports(tmp_path):
+    """What keys a checkpoint follows imports as Python runs them: a package's ``__init__`` (and what it imports),
+    relative imports; not a module nothing on the way imports."""
+    from petals_chain.experiments.common import modules_reached
+
+    files = {"pkg/__init__.py": "", "pkg/run.py": "from .lib import f\n",
+             "pkg/lib/__init__.py": "from pkg.lib.core import g\nfrom . import extra\n",
+             "pkg/lib/core.py": "import os\n", "pkg/lib/extra.py": "from ..entry_a import x\n",
+             "pkg/entry_a.py": "", "pkg/entry_b.py": "", "pkg/other/__init__.py": "import pkg.entry_b\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    reached = modules_reached("pkg.run", tmp_path)
+    assert {"pkg", "pkg.run", "pkg.lib", "pkg.lib.core", "pkg.lib.extra", "pkg.entry_a"} <= reached
+    assert not {"pkg.entry_b", "pkg.other"} & reached and "os" not in reached
