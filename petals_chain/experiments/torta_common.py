@@ -20,7 +20,7 @@ import numpy as np
 
 from petals_chain.experiments.common import checkpoint_path, code_digest, mean_ci, replotting, write_csv
 from petals_chain.experiments.torta_train import plot_curve
-from petals_chain.sim.montecarlo import run_replications
+from petals_chain.sim.montecarlo import ReplicationSet, run_replication_sets
 from petals_chain.torta.compare import evaluate, prepare
 from petals_chain.torta.params import DEFAULT, FULL_EPISODES, QUICK_EPISODES, QUICK_SCALE, TortaParams, scaled
 
@@ -116,9 +116,23 @@ def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
 def _evaluate(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs, stem: str,
               trusts: tuple[float, ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(every seed's rows, the first seed's learning curve); the curve's CSV and PNG written."""
+    out = run_replication_sets([_replication_set(topology, args, rs, seeds, runs, stem, trusts)],
+                               workers=rs.workers, ray=rs.ray)[0]
+    return _finish(topology, args, rs, out)
+
+
+def _replication_set(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs, stem: str,
+                     trusts: tuple[float, ...]) -> ReplicationSet:
+    """The seeds of one topology as the Monte-Carlo runner takes them, with their checkpoint (full runs)."""
     task = EvalTask(topology, rs, args.seed, runs, args.out / "checkpoints", trusts)
-    out = run_replications(task, seeds, args.seed, workers=rs.workers, desc=f"train + eval {topology}",
-                           checkpoint=checkpoint_path(f"{stem}-{topology}", args, __name__), ray=rs.ray)
+    return ReplicationSet(task, seeds, args.seed, checkpoint_path(f"{stem}-{topology}", args, __name__),
+                          f"train + eval {topology}")
+
+
+def _finish(topology: str, args: Any, rs: RunSettings,
+            out: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every seed's rows, the first seed's learning curve) of one topology's replications; the curve's CSV and PNG
+    written."""
     curve = out[0]["curve"]
     name = f"torta-train-{topology}"
     write_csv(args.out / f"{name}.csv", curve)
@@ -127,17 +141,29 @@ def _evaluate(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs,
     return [r for rep in out for r in rep["rows"]], curve
 
 
+def _shared_key(topology: str, args: Any, rs: RunSettings) -> tuple[Any, ...]:
+    return (topology, repr(rs), args.seed, bool(args.quick), str(args.out))
+
+
+def shared_evaluations(topologies: tuple[str, ...], args: Any, rs: RunSettings) -> None:
+    """Run the shared evaluation (:func:`shared_evaluation`) of every topology of ``topologies`` not yet done in
+    this process: on Ray (``--ray``) all their seeds are in flight at once, so a cluster larger than one topology's
+    seeds is used; locally one topology after another."""
+    todo = [t for t in topologies if _shared_key(t, args, rs) not in _SHARED]
+    sets = [_replication_set(t, args, rs, rs.seeds, SHARED_RUNS, "torta-eval", TRUSTS if t in TRUST_TOPOLOGIES else ())
+            for t in todo]
+    for topology, out in zip(todo, run_replication_sets(sets, workers=rs.workers, ray=rs.ray)):
+        _SHARED[_shared_key(topology, args, rs)] = _finish(topology, args, rs, out)
+
+
 def shared_evaluation(topology: str, args: Any, rs: RunSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One training per seed of ``topology`` for every TORTA figure: the rows of the main comparison (accuracy NaN,
     the default trust), of Fig 12 (TORTA at each accuracy in :data:`PAS`) and, on :data:`TRUST_TOPOLOGIES`, of the
     PPO ablation (TORTA at each trust in :data:`TRUSTS`); and the first seed's learning curve. Kept per topology
     in the ``torta-eval`` checkpoint (full runs) and for the rest of the process (so one process that draws several
     figures trains once)."""
-    key = (topology, repr(rs), args.seed, bool(args.quick), str(args.out))
-    if key not in _SHARED:
-        trusts = TRUSTS if topology in TRUST_TOPOLOGIES else ()
-        _SHARED[key] = _evaluate(topology, args, rs, rs.seeds, SHARED_RUNS, "torta-eval", trusts)
-    return _SHARED[key]
+    shared_evaluations((topology,), args, rs)
+    return _SHARED[_shared_key(topology, args, rs)]
 
 
 def main_rows(rows: list[dict[str, Any]], rs: RunSettings) -> list[dict[str, Any]]:
@@ -161,6 +187,7 @@ def comparison_rows(args: Any) -> list[dict[str, Any]]:
         return cached
     rs = settings(args)
     rows: list[dict[str, Any]] = []
+    shared_evaluations(TOPOLOGIES, args, rs)
     for topo in TOPOLOGIES:
         rows += [{**r, "base_seed": args.seed, "code_digest": digest}
                  for r in main_rows(shared_evaluation(topo, args, rs)[0], rs)]

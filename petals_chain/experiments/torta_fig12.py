@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from petals_chain.experiments.common import Summary, mean_ci, read_csv, replotting, save_figure, write_csv
-from petals_chain.experiments.torta_common import PAPER_NAME, PAS, TOPOLOGIES, main_rows, settings, shared_evaluation
+from petals_chain.experiments.torta_common import (PAPER_NAME, PAS, TOPOLOGIES, main_rows, settings, shared_evaluation,
+                                                   shared_evaluations)
 
 BASELINES = ("SkyLB", "SDIB", "RR")
 REPLOT = True  # `--replot` redraws torta-fig12.png and its section from results/torta-fig12.csv
@@ -23,6 +24,7 @@ def run(args) -> Summary:
         rows = read_csv(args.out / "torta-fig12.csv")
     else:
         rows = []
+        shared_evaluations(TOPOLOGIES, args, rs)  # on Ray, every topology's seeds at once
         for topo in TOPOLOGIES:  # the shared evaluation: the main comparison's training and baselines
             shared = shared_evaluation(topo, args, rs)[0]
             rows += [r for r in shared if r["method"] == "TORTA" and not math.isnan(float(r["accuracy"]))]

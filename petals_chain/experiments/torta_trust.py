@@ -22,7 +22,7 @@ import numpy as np
 from petals_chain.experiments.common import (Summary, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
 from petals_chain.experiments.torta_common import (PAPER_NAME, TRUST_TOPOLOGIES, TRUSTS, RunSettings, main_rows,
-                                                   settings, shared_evaluation)
+                                                   settings, shared_evaluation, shared_evaluations)
 
 METHODS = ("TORTA", "OT-only", "RL-no-OT")
 TOPOLOGIES = TRUST_TOPOLOGIES
@@ -50,6 +50,7 @@ def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]
     Fig 12 and this ablation): TORTA at each trust, and OT-only and RL-no-OT repeated under every trust for the
     pairing; the first seed's curve."""
     rows, curves = [], []
+    shared_evaluations(TOPOLOGIES, args, rs)  # on Ray, every topology's seeds at once
     for topo in TOPOLOGIES:
         shared, curve = shared_evaluation(topo, args, rs)
         others = [r for r in main_rows(shared, rs) if r["method"] in METHODS[1:]]

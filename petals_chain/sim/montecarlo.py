@@ -17,7 +17,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -255,6 +255,40 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
         if sink is not None:
             sink.close()
     return [out[r] for r in wanted if out[r] is not None]
+
+
+@dataclass(frozen=True)
+class ReplicationSet:
+    """The arguments of one :func:`run_replications` call, for :func:`run_replication_sets`."""
+
+    task: Task
+    replications: int
+    seed: int
+    checkpoint: str | Path | None = None
+    desc: str = "replications"
+
+
+def run_replication_sets(sets: Sequence[ReplicationSet], *, workers: int | None = None, progress: bool = True,
+                         ray: str | None = None) -> list[list[dict[str, Any]]]:
+    """:func:`run_replications` of every set (its rows, set by set), each with its own seeds and checkpoint.
+
+    With ``ray`` the sets' replications are in flight together, one thread per set submitting its own and waiting
+    for them (``workers`` caps each set), so a cluster with more CPUs than one set has replications is used; if a
+    set fails, this job's Ray session is shut down, which stops the others, and its error is raised. Locally the
+    sets run one after another over ``workers`` processes each: side by side they would only share those CPUs."""
+    if ray is None:
+        return [run_replications(s.task, s.replications, s.seed, workers=workers, progress=progress, desc=s.desc,
+                                 checkpoint=s.checkpoint) for s in sets]
+    session = connect_ray(ray)  # here, once: the threads find it connected
+    with ThreadPoolExecutor(max_workers=max(1, len(sets))) as pool:
+        futures = [pool.submit(run_replications, s.task, s.replications, s.seed, workers=workers,
+                               progress=progress, desc=s.desc, checkpoint=s.checkpoint, ray=ray) for s in sets]
+        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in finished if f.exception() is not None), None)
+        if failed is not None:
+            session.shutdown()  # the other sets' tasks end with this job, and their threads with them
+            raise failed.exception()
+        return [f.result() for f in futures]
 
 
 def summarize(rows: Sequence[dict[str, Any]], keys: Sequence[str] | None = None,

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from petals_chain.sim.montecarlo import PoissonPolicyRun, RayBackendError, run_replications
+from petals_chain.sim.montecarlo import (PoissonPolicyRun, RayBackendError, ReplicationSet, run_replication_sets,
+                                         run_replications)
 
 TASK = PoissonPolicyRun((2.0, 0.5), (2, 3), "SED", 2.5, 3000)
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,6 +65,40 @@ def test_a_checkpoint_written_by_one_backend_resumes_on_the_other(local_ray, tmp
     assert len(replications_in(ray_first)) == 4  # everything was there: nothing computed again
 
 
+def test_replication_sets_give_each_sets_rows_and_checkpoint_on_either_backend(local_ray, tmp_path: Path) -> None:
+    other = PoissonPolicyRun((2.0, 0.5), (2, 3), "JSQ", 2.5, 3000)
+    alone = [run_replications(TASK, 3, seed=7, workers=1, progress=False),
+             run_replications(other, 2, seed=8, workers=1, progress=False)]
+    ckpt = tmp_path / "first.jsonl"
+    run_replications(TASK, 3, seed=7, workers=1, progress=False, checkpoint=ckpt, only=[1])
+    sets = [ReplicationSet(TASK, 3, 7, ckpt), ReplicationSet(other, 2, 8, tmp_path / "second.jsonl")]
+    assert run_replication_sets(sets, progress=False, ray="auto") == alone
+    assert sorted(replications_in(ckpt)[1:]) == [0, 2] and sorted(replications_in(tmp_path / "second.jsonl")) == [0, 1]
+    assert run_replication_sets(sets, workers=2, progress=False) == alone  # all read back, nothing run again
+    assert len(replications_in(ckpt)) == 3
+
+
+def rendezvous(folder: Path, me: str, other: str, limit_s: float = 120.0):
+    """A replication that says it has started and waits until ``other``'s has (True), or gives up after
+    ``limit_s`` (False: the two were not in flight together). A closure, so Ray ships it by value."""
+    def task(seed, index) -> dict:
+        (folder / me).touch()
+        deadline = time.monotonic() + limit_s
+        while not (folder / other).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        met = (folder / other).exists()
+        (folder / f"{me}-done").touch()
+        return {"met": met}
+    return task
+
+
+def test_replication_sets_are_in_flight_together_on_ray(local_ray, tmp_path: Path) -> None:
+    """Each set has one replication that waits for the other set's: one set after another would never meet (the
+    local Ray has the 2 CPUs both need)."""
+    sets = [ReplicationSet(rendezvous(tmp_path, "a", "b"), 1, 0), ReplicationSet(rendezvous(tmp_path, "b", "a"), 1, 0)]
+    assert run_replication_sets(sets, progress=False, ray="auto") == [[{"met": True}], [{"met": True}]]
+
+
 def test_a_bad_address_is_one_line_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     ckpt = tmp_path / "never.jsonl"
     with pytest.raises(RayBackendError, match=r"^--ray 127\.0\.0\.1:1: no Ray head answers at 127\.0\.0\.1:1 \(") as e:
@@ -96,3 +132,15 @@ def test_ray_is_imported_only_when_its_backend_is_chosen() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_a_failing_set_stops_the_others_and_raises(local_ray, tmp_path: Path) -> None:
+    """The other set's replication (waiting for a partner that never comes) is stopped, not waited for. Last in
+    this module: it ends the Ray session (a later run_replications(ray="auto") would start a new one)."""
+    def fails(seed, index) -> dict:
+        raise ValueError("this replication fails")
+
+    sets = [ReplicationSet(fails, 1, 0), ReplicationSet(rendezvous(tmp_path, "waits", "nobody"), 1, 0)]
+    with pytest.raises(ValueError, match="this replication fails"):
+        run_replication_sets(sets, progress=False, ray="auto")
+    assert (tmp_path / "waits").exists() and not (tmp_path / "waits-done").exists()
