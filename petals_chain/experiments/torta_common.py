@@ -102,7 +102,7 @@ Runs = tuple[tuple[float | None, tuple[str, ...]], ...]  # (forecast accuracy or
 
 
 SHARED_RUNS: Runs = ((None, ORDER),) + tuple((pa, ("TORTA",)) for pa in PAS)
-_SHARED: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}  # in-process
+_SHARED: dict[tuple[Any, ...], tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]] = {}  # in-process
 
 
 def evaluate_topology(topology: str, args: Any, rs: RunSettings, seeds: int,
@@ -118,7 +118,8 @@ def _evaluate(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs,
     """(every seed's rows, the first seed's learning curve); the curve's CSV and PNG written."""
     out = run_replication_sets([_replication_set(topology, args, rs, seeds, runs, stem, trusts)],
                                workers=rs.workers, ray=rs.ray)[0]
-    return _finish(topology, args, rs, out)
+    rows, curves = _finish(topology, args, rs, out)
+    return rows, curves[0]
 
 
 def _replication_set(topology: str, args: Any, rs: RunSettings, seeds: int, runs: Runs, stem: str,
@@ -130,15 +131,15 @@ def _replication_set(topology: str, args: Any, rs: RunSettings, seeds: int, runs
 
 
 def _finish(topology: str, args: Any, rs: RunSettings,
-            out: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(every seed's rows, the first seed's learning curve) of one topology's replications; the curve's CSV and PNG
-    written."""
+            out: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """(every seed's rows, every seed's learning curve in seed order) of one topology's replications; the first
+    seed's curve written as CSV and PNG."""
     curve = out[0]["curve"]
     name = f"torta-train-{topology}"
     write_csv(args.out / f"{name}.csv", curve)
     plot_curve(curve, args.out / f"{name}.png", f"PPO on {topology} (first seed of --seed {args.seed}, "
                f"{rs.episodes} episodes)")
-    return [r for rep in out for r in rep["rows"]], curve
+    return [r for rep in out for r in rep["rows"]], [rep["curve"] for rep in out]
 
 
 def _shared_key(topology: str, args: Any, rs: RunSettings) -> tuple[Any, ...]:
@@ -156,12 +157,13 @@ def shared_evaluations(topologies: tuple[str, ...], args: Any, rs: RunSettings) 
         _SHARED[_shared_key(topology, args, rs)] = _finish(topology, args, rs, out)
 
 
-def shared_evaluation(topology: str, args: Any, rs: RunSettings) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def shared_evaluation(topology: str, args: Any,
+                      rs: RunSettings) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
     """One training per seed of ``topology`` for every TORTA figure: the rows of the main comparison (accuracy NaN,
     the default trust), of Fig 12 (TORTA at each accuracy in :data:`PAS`) and, on :data:`TRUST_TOPOLOGIES`, of the
-    PPO ablation (TORTA at each trust in :data:`TRUSTS`); and the first seed's learning curve. Kept per topology
-    in the ``torta-eval`` checkpoint (full runs) and for the rest of the process (so one process that draws several
-    figures trains once)."""
+    PPO ablation (TORTA at each trust in :data:`TRUSTS`); and every seed's learning curve, in seed order. Kept per
+    topology in the ``torta-eval`` checkpoint (full runs) and for the rest of the process (so one process that draws
+    several figures trains once)."""
     shared_evaluations((topology,), args, rs)
     return _SHARED[_shared_key(topology, args, rs)]
 

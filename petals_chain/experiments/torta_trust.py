@@ -8,7 +8,7 @@ each topology of :data:`TRUST_TOPOLOGIES` and each evaluation seed, the shared e
 (``torta_common.shared_evaluation``, the same training as the main comparison and Fig 12) evaluates TORTA at every
 trust beside OT-only and RL-no-OT on the same arrivals; a full run resumes from its per-seed checkpoint.
 ``--quick`` is the scaled quick setting. Output: torta-trust.csv (one row per topology, seed, trust and method;
-OT-only and RL-no-OT once per seed, under every trust for the pairing), torta-trust-curves.csv (the first seed's
+OT-only and RL-no-OT once per seed, under every trust for the pairing), torta-trust-curves.csv (every seed's
 learning curve per topology), torta-trust.png.
 """
 
@@ -48,17 +48,18 @@ def plateau_episode(rewards: list[float], share: float = 0.95) -> int:
 def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]]:
     """Every trust topology's seeds from the shared evaluation (one training per seed serves the main comparison,
     Fig 12 and this ablation): TORTA at each trust, and OT-only and RL-no-OT repeated under every trust for the
-    pairing; the first seed's curve."""
+    pairing; every seed's learning curve."""
     rows, curves = [], []
     shared_evaluations(TOPOLOGIES, args, rs)  # on Ray, every topology's seeds at once
     for topo in TOPOLOGIES:
-        shared, curve = shared_evaluation(topo, args, rs)
+        shared, every_curve = shared_evaluation(topo, args, rs)
         others = [r for r in main_rows(shared, rs) if r["method"] in METHODS[1:]]
         for trust in TRUSTS:
             torta = [r for r in shared if r["method"] == "TORTA" and math.isnan(float(r["accuracy"]))
                      and float(r["trust"]) == trust]
             rows += torta + [{**r, "trust": trust} for r in others]
-        curves += [{"topology": topo, "episode": c["episode"], "mean_reward": c["mean_reward"]} for c in curve]
+        curves += [{"topology": topo, "seed": k, "episode": c["episode"], "mean_reward": c["mean_reward"]}
+                   for k, seed_curve in enumerate(every_curve) for c in seed_curve]
     return rows, curves
 
 
@@ -93,7 +94,6 @@ def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) ->
              "(it bounds decisions only); plateau = episode where the smoothed reward reaches 95 % of its rise"]
     beats = 0
     for topo in TOPOLOGIES:
-        curve = [float(c["mean_reward"]) for c in curves if c["topology"] == topo]
         parts = []
         for trust in TRUSTS:
             d_ot, h_ot, mean = _paired(rows, topo, trust, "OT-only")
@@ -102,10 +102,7 @@ def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) ->
                 beats += 1
             parts.append(f"trust {trust:g}: TORTA {mean:.2f} s, vs OT-only {d_ot:+.2f} ± {h_ot:.2f}, vs RL-no-OT "
                          f"{d_rl:+.2f} ± {h_rl:.2f}")
-        at = plateau_episode(curve)
-        still = " (still rising: not converged)" if curve and at >= 0.8 * len(curve) else ""
-        lines.append(f"{PAPER_NAME[topo]}: " + "; ".join(parts) + f"; learning curve plateau at episode {at} of "
-                     f"{len(curve)}{still}")
+        lines.append(f"{PAPER_NAME[topo]}: " + "; ".join(parts) + "; " + _plateau_text(_seed_curves(curves, topo)))
     lines.append(f"TORTA faster than OT alone (paired CI below zero) in {beats} of {len(TOPOLOGIES) * len(TRUSTS)} "
                  "(topology, trust) cells")
     save_figure(_figure(rows, curves), args.out / f"{NAME}.png")
@@ -113,9 +110,30 @@ def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) ->
     return Summary(NAME, "TORTA: the PPO layer's trust region against OT alone", command, lines, [])
 
 
+def _seed_curves(curves: list[dict], topo: str) -> list[list[float]]:
+    """The mean reward per episode of each seed's training on ``topo``, in seed order (a CSV without a seed column
+    holds one seed's)."""
+    by_seed: dict[int, list[float]] = {}
+    for c in curves:
+        if c["topology"] == topo:
+            by_seed.setdefault(int(float(c.get("seed") or 0)), []).append(float(c["mean_reward"]))
+    return [by_seed[k] for k in sorted(by_seed)]
+
+
+def _plateau_text(seed_curves: list[list[float]]) -> str:
+    """Where the learning curves stop rising: every seed's plateau episode, and how many are still rising (a
+    plateau in the last fifth of the episodes: not converged)."""
+    if not seed_curves:
+        return "no learning curve"
+    at = [plateau_episode(c) for c in seed_curves]
+    rising = sum(a >= 0.8 * len(c) for a, c in zip(at, seed_curves))
+    return (f"learning curve plateau at episode {int(np.median(at))} (median; seeds {', '.join(map(str, at))}) of "
+            f"{len(seed_curves[0])}; {rising} of {len(at)} seeds still rising" + (" (not converged)" if rising else ""))
+
+
 def _figure(rows: list[dict], curves: list[dict]):
-    """Left: TORTA − OT-only per topology and trust (paired mean, 95 % CI). Right: the first seed's learning curve
-    per topology."""
+    """Left: TORTA − OT-only per topology and trust (paired mean, 95 % CI). Right: every seed's learning curve per
+    topology and their mean."""
     from petals_chain.experiments.common import figure
 
     fig, axes = figure(1, 2, figsize=(12, 4.2))
@@ -129,13 +147,17 @@ def _figure(rows: list[dict], curves: list[dict]):
     ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2, [PAPER_NAME[t] for t in TOPOLOGIES])
     ax.set_ylabel("TORTA − OT-only, mean response (s)")
     ax.grid(axis="x", visible=False)
-    for topo in TOPOLOGIES:
-        c = [(int(float(x["episode"])), float(x["mean_reward"])) for x in curves if x["topology"] == topo]
-        if c:
-            bx.plot(*zip(*c), label=PAPER_NAME[topo])
+    for j, topo in enumerate(TOPOLOGIES):
+        seed_curves = _seed_curves(curves, topo)
+        for c in seed_curves:
+            bx.plot(range(len(c)), c, color=f"C{j}", lw=0.6, alpha=0.35)
+        if seed_curves:
+            n = min(len(c) for c in seed_curves)
+            bx.plot(range(n), np.mean([c[:n] for c in seed_curves], axis=0), color=f"C{j}", lw=2,
+                    label=f"{PAPER_NAME[topo]} (mean of {len(seed_curves)} seeds)")
     bx.legend(fontsize=8)
     bx.set_xlabel("episode")
-    bx.set_ylabel("mean reward per slot (first seed)")
+    bx.set_ylabel("mean reward per slot (thin: each seed)")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(TRUSTS), frameon=False)
     fig.suptitle("TORTA's PPO layer: trust region against OT alone")
     return fig

@@ -19,6 +19,16 @@ def test_plateau_is_where_the_smoothed_reward_has_made_most_of_its_rise() -> Non
     assert torta_trust.plateau_episode([1.0] * 30) == 0 and torta_trust.plateau_episode([]) == 0
 
 
+def test_the_plateau_is_told_for_every_seed_with_those_still_rising() -> None:
+    flat_after_20 = [float(min(e, 20)) for e in range(40)]
+    still_rising = [float(e) for e in range(40)]
+    text = torta_trust._plateau_text([flat_after_20, still_rising, flat_after_20])
+    at = torta_trust.plateau_episode(flat_after_20)
+    assert f"seeds {at}, {torta_trust.plateau_episode(still_rising)}, {at}) of 40" in text
+    assert "1 of 3 seeds still rising (not converged)" in text
+    assert "0 of 1 seeds still rising" in torta_trust._plateau_text([flat_after_20])
+
+
 def test_tiny_run_pairs_each_trust_with_ot_alone_by_seed(tmp_path, monkeypatch) -> None:
     rs = RunSettings(4, 2, 2, DEFAULT.with_(policy_hidden=(8, 8, 8), epochs=1), 1)
     monkeypatch.setattr(torta_trust, "settings", lambda args: rs)
@@ -32,6 +42,9 @@ def test_tiny_run_pairs_each_trust_with_ot_alone_by_seed(tmp_path, monkeypatch) 
         seeds[(r["topology"], float(r["trust"]))].add(r["seed"])
     assert len({frozenset(v) for v in seeds.values()}) == 1  # every trust on the same seeds: paired
     assert any("TORTA faster than OT alone" in line for line in summary.lines)
+    curves = read_csv(tmp_path / "torta-trust-curves.csv")  # every seed's training, not only the first
+    assert {(c["topology"], int(float(c["seed"]))) for c in curves} == {
+        (t, k) for t in torta_trust.TOPOLOGIES for k in range(rs.seeds)}
     # the main comparison's TORTA (default trust) on the same seeds is this run's trust-0.15 TORTA: same training
     main = evaluate_topology("abilene", args, rs, rs.seeds, runs=((None, ("TORTA",)),))
     here = {r["seed"]: float(r["mean_response_s"]) for r in rows
