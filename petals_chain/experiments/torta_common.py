@@ -30,6 +30,7 @@ ORDER = ("TORTA", "SkyLB", "SDIB", "RR", "OT-only", "OT-unbalanced", "RL-no-OT")
 PAS = (0.1, 0.3, 0.5, 0.7, 0.9)  # Fig 12: the noisy oracle's prediction accuracies
 TRUSTS = (0.15, 0.5, 1.0)  # the PPO ablation: policy_trust values (0.15 is DEFAULT's)
 TRUST_TOPOLOGIES = ("abilene", "polska")
+ANCHOR_TRUST = 1e-9  # the anchor alone: a trust region no policy can move in (policy_trust must be > 0)
 # Figs 8, 9, 10 of the paper: (TORTA, SkyLB, SDIB, RR)
 PAPER = {
     "mean_response_s": {"abilene": (16.39, 18.72, 19.66, 21.50), "cost266": (19.31, 21.58, 22.51, 24.39),
@@ -67,6 +68,28 @@ def settings(args: Any) -> RunSettings:
         params = scaled(DEFAULT, QUICK_SCALE).with_(policy_hidden=(64, 128, 64), epochs=4)
         return RunSettings(params.slots, 5, QUICK_EPISODES, params, workers, ray)
     return RunSettings(DEFAULT.slots, 5, FULL_EPISODES, DEFAULT, workers, ray)
+
+
+@dataclass(frozen=True)
+class AnchorTask:
+    """One evaluation seed of one topology with the macro layer's anchor alone: the exponentially smoothed OT plan
+    TORTA's policy is held near, played by a policy held to it (trust :data:`ANCHOR_TRUST`), so no training
+    matters; beside it OT-only, whose rows must equal the shared evaluation's. Same seed, arrivals and predictor as
+    :class:`EvalTask`'s (the predictor is trained before and apart from PPO), without the PPO episodes: the arm that
+    says what the learned layer adds to its own anchor (docs/torta.md, "PPO ablation")."""
+
+    topology: str
+    rs: RunSettings
+    base_seed: int
+
+    def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
+        """The anchor's row (method "anchor") and OT-only's ("OT-only (anchor run)") under 'rows'."""
+        s = int(seed.generate_state(1)[0] % 2**31)
+        st = prepare(self.topology, self.rs.params.with_(policy_trust=ANCHOR_TRUST), self.rs.slots, 0, s,
+                     progress=False)
+        names = {"TORTA": "anchor", "OT-only": "OT-only (anchor run)"}
+        return {"rows": [{**r, "method": names[r["method"]], "accuracy": float("nan"), "trust": ANCHOR_TRUST}
+                         for r in evaluate(st, ("TORTA", "OT-only"))]}
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,16 @@ def shared_evaluations(topologies: tuple[str, ...], args: Any, rs: RunSettings) 
             for t in todo]
     for topology, out in zip(todo, run_replication_sets(sets, workers=rs.workers, ray=rs.ray)):
         _SHARED[_shared_key(topology, args, rs)] = _finish(topology, args, rs, out)
+
+
+def anchor_evaluation(topologies: tuple[str, ...], args: Any, rs: RunSettings) -> list[dict[str, Any]]:
+    """:class:`AnchorTask`'s rows for every seed of ``topologies`` (a full run keeps them in the ``torta-anchor``
+    checkpoints; on Ray every topology's seeds at once)."""
+    sets = [ReplicationSet(AnchorTask(t, rs, args.seed), rs.seeds, args.seed,
+                           checkpoint_path(f"torta-anchor-{t}", args, __name__), f"anchor alone {t}")
+            for t in topologies]
+    return [r for out in run_replication_sets(sets, workers=rs.workers, ray=rs.ray) for rep in out
+            for r in rep["rows"]]
 
 
 def shared_evaluation(topology: str, args: Any,

@@ -21,10 +21,12 @@ import numpy as np
 
 from petals_chain.experiments.common import (Summary, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
-from petals_chain.experiments.torta_common import (PAPER_NAME, TRUST_TOPOLOGIES, TRUSTS, RunSettings, main_rows,
-                                                   settings, shared_evaluation, shared_evaluations)
+from petals_chain.experiments.torta_common import (PAPER_NAME, TRUST_TOPOLOGIES, TRUSTS, RunSettings,
+                                                   anchor_evaluation, main_rows, settings, shared_evaluation,
+                                                   shared_evaluations)
 
 METHODS = ("TORTA", "OT-only", "RL-no-OT")
+ANCHOR_METHODS = ("anchor", "OT-only (anchor run)")  # torta_common.AnchorTask's rows
 TOPOLOGIES = TRUST_TOPOLOGIES
 REPLOT = True
 NAME = "torta-trust"
@@ -60,6 +62,8 @@ def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]
             rows += torta + [{**r, "trust": trust} for r in others]
         curves += [{"topology": topo, "seed": k, "episode": c["episode"], "mean_reward": c["mean_reward"]}
                    for k, seed_curve in enumerate(every_curve) for c in seed_curve]
+    anchor = anchor_evaluation(TOPOLOGIES, args, rs)
+    rows += [{**r, "trust": trust} for trust in TRUSTS for r in anchor]
     return rows, curves
 
 
@@ -75,14 +79,17 @@ def run(args: Any) -> Summary:
     return _report(args, rows, curves, rs)
 
 
-def _paired(rows: list[dict], topo: str, trust: float, method: str) -> tuple[float, float, float]:
-    """TORTA at ``trust`` against ``method`` (at the same trust's run) on mean response: the mean per-seed
-    difference TORTA − method in seconds with its 95 % half-width, and TORTA's mean."""
-    def by_seed(m: str) -> dict[int, float]:
-        return {int(float(r["seed"])): float(r["mean_response_s"]) for r in rows
-                if r["topology"] == topo and float(r["trust"]) == trust and r["method"] == m}
+def _by_seed(rows: list[dict], topo: str, trust: float, method: str, key: str = "mean_response_s") -> dict[int, float]:
+    """``key`` of ``method``'s row per seed, in the rows of ``trust``."""
+    return {int(float(r["seed"])): float(r[key]) for r in rows
+            if r["topology"] == topo and float(r["trust"]) == trust and r["method"] == method}
 
-    mine, other = by_seed("TORTA"), by_seed(method)
+
+def _paired(rows: list[dict], topo: str, trust: float, method: str,
+            mine_method: str = "TORTA") -> tuple[float, float, float]:
+    """``mine_method`` (TORTA) at ``trust`` against ``method`` (at the same trust's run) on mean response: the mean
+    per-seed difference in seconds with its 95 % half-width, and ``mine_method``'s mean."""
+    mine, other = _by_seed(rows, topo, trust, mine_method), _by_seed(rows, topo, trust, method)
     seeds = sorted(set(mine) & set(other))
     diff, half = mean_ci([mine[s] - other[s] for s in seeds])
     return diff, half, float(np.mean([mine[s] for s in seeds])) if seeds else math.nan
@@ -105,9 +112,26 @@ def _report(args: Any, rows: list[dict], curves: list[dict], rs: RunSettings) ->
         lines.append(f"{PAPER_NAME[topo]}: " + "; ".join(parts) + "; " + _plateau_text(_seed_curves(curves, topo)))
     lines.append(f"TORTA faster than OT alone (paired CI below zero) in {beats} of {len(TOPOLOGIES) * len(TRUSTS)} "
                  "(topology, trust) cells")
+    lines += [_anchor_line(rows, topo, rs.params.policy_trust) for topo in TOPOLOGIES]
     save_figure(_figure(rows, curves), args.out / f"{NAME}.png")
     command = f"python -m petals_chain.experiments torta-trust{' --quick' if args.quick else ''} --seed {args.seed}"
     return Summary(NAME, "TORTA: the PPO layer's trust region against OT alone", command, lines, [])
+
+
+def _anchor_line(rows: list[dict], topo: str, trust: float) -> str:
+    """The anchor alone (the smoothed OT plan, no learning) against TORTA at the default ``trust`` and OT-only,
+    paired by seed, with each one's switching; and whether the anchor run's OT-only equals the shared evaluation's
+    seed by seed (same predictor and arrivals: the pairing holds)."""
+    d_t, h_t, _ = _paired(rows, topo, trust, "anchor")
+    d_o, h_o, mean = _paired(rows, topo, trust, "OT-only", mine_method="anchor")
+    switching = {m: np.mean(list(_by_seed(rows, topo, trust, m, "switching").values()))
+                 for m in ("TORTA", "anchor", "OT-only")}
+    ot, again = _by_seed(rows, topo, trust, "OT-only"), _by_seed(rows, topo, trust, "OT-only (anchor run)")
+    same = sum(ot[k] == again.get(k) for k in ot)
+    return (f"{PAPER_NAME[topo]}, the anchor alone (smoothed OT plan, untrained): {mean:.2f} s; TORTA − anchor "
+            f"{d_t:+.2f} ± {h_t:.2f}, anchor − OT-only {d_o:+.2f} ± {h_o:.2f}; switching TORTA "
+            f"{switching['TORTA']:.3f}, anchor {switching['anchor']:.3f}, OT-only {switching['OT-only']:.3f}; the "
+            f"anchor run's OT-only equals the shared evaluation's on {same} of {len(ot)} seeds")
 
 
 def _seed_curves(curves: list[dict], topo: str) -> list[list[float]]:
@@ -132,20 +156,23 @@ def _plateau_text(seed_curves: list[list[float]]) -> str:
 
 
 def _figure(rows: list[dict], curves: list[dict]):
-    """Left: TORTA − OT-only per topology and trust (paired mean, 95 % CI). Right: every seed's learning curve per
-    topology and their mean."""
+    """Left: TORTA − OT-only per topology and trust, and the anchor alone − OT-only (paired mean, 95 % CI).
+    Right: every seed's learning curve per topology and their mean."""
     from petals_chain.experiments.common import figure
 
     fig, axes = figure(1, 2, figsize=(12, 4.2))
     ax, bx = axes[0]
-    width = 0.8 / len(TRUSTS)
+    width = 0.8 / (len(TRUSTS) + 1)
     for j, trust in enumerate(TRUSTS):
         st = [_paired(rows, t, trust, "OT-only") for t in TOPOLOGIES]
         ax.bar(np.arange(len(TOPOLOGIES)) + j * width, [s[0] for s in st], width,
-               yerr=[0 if math.isnan(s[1]) else s[1] for s in st], capsize=2, label=f"trust {trust:g}")
+               yerr=[0 if math.isnan(s[1]) else s[1] for s in st], capsize=2, label=f"TORTA, trust {trust:g}")
+    st = [_paired(rows, t, TRUSTS[0], "OT-only", mine_method="anchor") for t in TOPOLOGIES]
+    ax.bar(np.arange(len(TOPOLOGIES)) + len(TRUSTS) * width, [s[0] for s in st], width,
+           yerr=[0 if math.isnan(s[1]) else s[1] for s in st], capsize=2, color="0.6", label="anchor alone")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2, [PAPER_NAME[t] for t in TOPOLOGIES])
-    ax.set_ylabel("TORTA − OT-only, mean response (s)")
+    ax.set_ylabel("minus OT-only, mean response (s)")
     ax.grid(axis="x", visible=False)
     for j, topo in enumerate(TOPOLOGIES):
         seed_curves = _seed_curves(curves, topo)
@@ -158,6 +185,6 @@ def _figure(rows: list[dict], curves: list[dict]):
     bx.legend(fontsize=8)
     bx.set_xlabel("episode")
     bx.set_ylabel("mean reward per slot (thin: each seed)")
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(TRUSTS), frameon=False)
-    fig.suptitle("TORTA's PPO layer: trust region against OT alone")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(TRUSTS) + 1, frameon=False)
+    fig.suptitle("TORTA's PPO layer (at three trusts) and its anchor alone, against OT alone")
     return fig

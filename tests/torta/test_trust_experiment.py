@@ -36,12 +36,18 @@ def test_tiny_run_pairs_each_trust_with_ot_alone_by_seed(tmp_path, monkeypatch) 
     summary = torta_trust.run(args)
     rows = read_csv(tmp_path / "torta-trust.csv")
     assert {float(r["trust"]) for r in rows} == set(torta_trust.TRUSTS)
-    assert len(rows) == len(torta_trust.TRUSTS) * len(torta_trust.TOPOLOGIES) * rs.seeds * len(torta_trust.METHODS)
+    methods = torta_trust.METHODS + torta_trust.ANCHOR_METHODS
+    assert len(rows) == len(torta_trust.TRUSTS) * len(torta_trust.TOPOLOGIES) * rs.seeds * len(methods)
     seeds = {(r["topology"], float(r["trust"])): set() for r in rows}
     for r in rows:
         seeds[(r["topology"], float(r["trust"]))].add(r["seed"])
     assert len({frozenset(v) for v in seeds.values()}) == 1  # every trust on the same seeds: paired
     assert any("TORTA faster than OT alone" in line for line in summary.lines)
+    # the anchor arm trains nothing but shares the seed's predictor and arrivals: its OT-only is the shared one's
+    anchor_lines = [line for line in summary.lines if "the anchor alone" in line]
+    assert len(anchor_lines) == len(torta_trust.TOPOLOGIES)
+    assert all(line.endswith(f"equals the shared evaluation's on {rs.seeds} of {rs.seeds} seeds")
+               for line in anchor_lines)
     curves = read_csv(tmp_path / "torta-trust-curves.csv")  # every seed's training, not only the first
     assert {(c["topology"], int(float(c["seed"]))) for c in curves} == {
         (t, k) for t in torta_trust.TOPOLOGIES for k in range(rs.seeds)}
@@ -81,7 +87,8 @@ def test_one_training_per_seed_serves_the_comparison_fig12_and_the_trust_ablatio
         monkeypatch.setattr(mod, "settings", lambda args: rs)
     trained = []
     real = torta_common.prepare
-    monkeypatch.setattr(torta_common, "prepare", lambda *a, **k: trained.append(a[0]) or real(*a, **k))
+    # a training is a preparation with PPO episodes (the anchor arm prepares with none: its predictor only)
+    monkeypatch.setattr(torta_common, "prepare", lambda *a, **k: (a[3] > 0 and trained.append(a[0])) or real(*a, **k))
     args = Namespace(quick=True, seed=4, out=tmp_path, replot=False)
     comparison = torta_common.comparison_rows(args)
     torta_fig12.run(args)
@@ -91,5 +98,6 @@ def test_one_training_per_seed_serves_the_comparison_fig12_and_the_trust_ablatio
     assert {round(float(r["accuracy"]), 2) for r in fig12 if r["method"] == "TORTA"} == set(torta_common.PAS)
     main = {(r["topology"], r["method"], r["seed"]): r["mean_response_s"] for r in comparison}
     for r in read_csv(tmp_path / "torta-trust.csv"):  # the ablation's baselines and default trust are the main rows
-        if r["method"] != "TORTA" or float(r["trust"]) == DEFAULT.policy_trust:
-            assert float(r["mean_response_s"]) == pytest.approx(main[(r["topology"], r["method"], r["seed"])])
+        method = {"OT-only (anchor run)": "OT-only"}.get(r["method"], r["method"])  # the anchor arm's own OT-only
+        if method != "anchor" and (method != "TORTA" or float(r["trust"]) == DEFAULT.policy_trust):
+            assert float(r["mean_response_s"]) == pytest.approx(main[(r["topology"], method, r["seed"])])
