@@ -171,8 +171,9 @@ def _shared_key(topology: str, args: Any, rs: RunSettings) -> tuple[Any, ...]:
 
 def shared_evaluations(topologies: tuple[str, ...], args: Any, rs: RunSettings) -> None:
     """Run the shared evaluation (:func:`shared_evaluation`) of every topology of ``topologies`` not yet done in
-    this process: on Ray (``--ray``) all their seeds are in flight at once, so a cluster larger than one topology's
-    seeds is used; locally one topology after another."""
+    this process, all their seeds together (one pool of ``--workers`` processes, or Ray with ``--ray``), so neither
+    waits for one topology's last seed before starting the next's, and a cluster larger than one topology's seeds
+    is used."""
     todo = [t for t in topologies if _shared_key(t, args, rs) not in _SHARED]
     sets = [_replication_set(t, args, rs, rs.seeds, SHARED_RUNS, "torta-eval", TRUSTS if t in TRUST_TOPOLOGIES else ())
             for t in todo]
@@ -182,7 +183,7 @@ def shared_evaluations(topologies: tuple[str, ...], args: Any, rs: RunSettings) 
 
 def anchor_evaluation(topologies: tuple[str, ...], args: Any, rs: RunSettings) -> list[dict[str, Any]]:
     """:class:`AnchorTask`'s rows for every seed of ``topologies`` (a full run keeps them in the ``torta-anchor``
-    checkpoints; on Ray every topology's seeds at once)."""
+    checkpoints; every topology's seeds together)."""
     sets = [ReplicationSet(AnchorTask(t, rs, args.seed), rs.seeds, args.seed,
                            checkpoint_path(f"torta-anchor-{t}", args, __name__), f"anchor alone {t}")
             for t in topologies]

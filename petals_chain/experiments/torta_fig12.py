@@ -24,7 +24,7 @@ def run(args) -> Summary:
         rows = read_csv(args.out / "torta-fig12.csv")
     else:
         rows = []
-        shared_evaluations(TOPOLOGIES, args, rs)  # on Ray, every topology's seeds at once
+        shared_evaluations(TOPOLOGIES, args, rs)  # every topology's seeds in one pool or on Ray at once
         for topo in TOPOLOGIES:  # the shared evaluation: the main comparison's training and baselines
             shared = shared_evaluation(topo, args, rs)[0]
             rows += [r for r in shared if r["method"] == "TORTA" and not math.isnan(float(r["accuracy"]))]

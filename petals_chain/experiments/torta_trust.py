@@ -52,7 +52,7 @@ def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]
     Fig 12 and this ablation): TORTA at each trust, and OT-only and RL-no-OT repeated under every trust for the
     pairing; every seed's learning curve."""
     rows, curves = [], []
-    shared_evaluations(TOPOLOGIES, args, rs)  # on Ray, every topology's seeds at once
+    shared_evaluations(TOPOLOGIES, args, rs)  # every topology's seeds in one pool or on Ray at once
     for topo in TOPOLOGIES:
         shared, every_curve = shared_evaluation(topo, args, rs)
         others = [r for r in main_rows(shared, rs) if r["method"] in METHODS[1:]]

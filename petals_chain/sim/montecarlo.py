@@ -17,7 +17,7 @@ import os
 import re
 import socket
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -152,27 +152,6 @@ def _call(task: Task, seed: np.random.SeedSequence, index: int) -> dict[str, Any
     return task(seed, index)
 
 
-def _run_on_ray(ray: Any, task: Task, children: list[np.random.SeedSequence], todo: list[int],
-                in_flight: int | None, done: Callable[[int, dict[str, Any]], None]) -> None:
-    """Run replications ``todo`` as tasks of the connected ``ray``, at most ``in_flight`` at once (None: all submitted,
-    the cluster schedules them by its CPUs), calling ``done`` as each finishes; the rest are cancelled if one fails."""
-    remote = ray.remote(num_cpus=1)(_call)
-    task_ref = ray.put(task)  # shipped once, not once per replication
-    queue, pending = list(todo), {}
-    limit = in_flight or len(todo)
-    try:
-        while queue or pending:
-            while queue and len(pending) < limit:
-                r = queue.pop(0)
-                pending[remote.remote(task_ref, children[r], r)] = r
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                done(pending.pop(ref), ray.get(ref))
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-
-
 def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[str, Any]]:
     """Rows already computed for this (task, seed, R) in a JSONL checkpoint; other keys and torn lines ignored."""
     done: dict[int, dict[str, Any]] = {}
@@ -186,6 +165,131 @@ def _load_checkpoint(path: Path, key: str, replications: int) -> dict[int, dict[
         if entry.get("key") == key and 0 <= entry.get("r", -1) < replications:
             done[int(entry["r"])] = entry["row"]
     return done
+
+
+@dataclass(frozen=True)
+class ReplicationSet:
+    """The arguments of one :func:`run_replications` call, for :func:`run_replication_sets`."""
+
+    task: Task
+    replications: int
+    seed: int
+    checkpoint: str | Path | None = None
+    desc: str = "replications"
+
+
+class _SetRun:
+    """One set's replications while they run: its seeds, the rows found in its checkpoint or computed, the
+    checkpoint appended as each finishes, its progress bar."""
+
+    def __init__(self, s: ReplicationSet, only: Collection[int] | None, progress: bool) -> None:
+        if s.replications < 1:
+            raise ValueError(f"run_replications: replications must be >= 1, got {s.replications}")
+        if only is not None and (not only or not all(isinstance(r, (int, np.integer)) and 0 <= r < s.replications
+                                                     for r in only)):
+            raise ValueError(f"run_replications: only must name replications in 0..{s.replications - 1}, "
+                             f"got {only!r}")
+        self.task = s.task
+        self.wanted = range(s.replications) if only is None else sorted({int(r) for r in only})
+        self.children = np.random.SeedSequence(s.seed).spawn(s.replications)
+        self.out: list[dict[str, Any] | None] = [None] * s.replications
+        self.key = f"{s.task!r}|seed={s.seed}|R={s.replications}"
+        self.sink = None
+        if s.checkpoint is not None:
+            checkpoint = Path(s.checkpoint)
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            for r, row in _load_checkpoint(checkpoint, self.key, s.replications).items():
+                self.out[r] = row
+            torn = (checkpoint.is_file() and checkpoint.stat().st_size > 0
+                    and not checkpoint.read_bytes().endswith(b"\n"))
+            self.sink = checkpoint.open("a")
+            if torn:  # a line cut short by a kill: end it so the next row starts on a line of its own
+                self.sink.write("\n")
+        self.todo = [r for r in self.wanted if self.out[r] is None]
+        self.bar = tqdm(total=len(self.wanted), initial=len(self.wanted) - len(self.todo), desc=s.desc,
+                        disable=not progress, leave=False)
+
+    def done(self, r: int, row: dict[str, Any]) -> None:
+        """Keep replication ``r``'s row, appending it to the checkpoint at once."""
+        self.out[r] = row
+        if self.sink is not None:
+            self.sink.write(json.dumps({"key": self.key, "r": r, "row": row}, default=float) + "\n")
+            self.sink.flush()
+        self.bar.update()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.sink is not None:
+            self.sink.close()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [self.out[r] for r in self.wanted if self.out[r] is not None]
+
+
+def _run_locally(runs: list[_SetRun], workers: int | None) -> None:
+    """Every set's missing replications over one pool of up to ``workers`` processes (default: the CPU count), or
+    in this process with one; sets share the pool, so none waits for another's last replication. If one fails,
+    those not started are cancelled, those running finish (their rows are kept), and its error is raised."""
+    jobs = [(run, r) for run in runs for r in run.todo]
+    n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    if n <= 1:
+        for run, r in jobs:
+            run.done(r, run.task(run.children[r], r))
+        return
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run.task, run.children[r], r): (run, r) for run, r in jobs}
+        try:
+            for fut in as_completed(futures):
+                run, r = futures[fut]
+                run.done(r, fut.result())
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+
+
+def _run_on_ray(ray: Any, runs: list[_SetRun], in_flight: int | None) -> None:
+    """Every set's missing replications as tasks of the connected ``ray``, all sets' in flight together (at most
+    ``in_flight`` at once; None: all submitted, the cluster schedules them by its CPUs); the rest are cancelled if
+    one fails."""
+    remote = ray.remote(num_cpus=1)(_call)
+    refs = {id(run): ray.put(run.task) for run in runs}  # each task shipped once, not once per replication
+    queue = [(run, r) for run in runs for r in run.todo]
+    pending: dict[Any, tuple[_SetRun, int]] = {}
+    limit = in_flight or len(queue)
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                run, r = queue.pop(0)
+                pending[remote.remote(refs[id(run)], run.children[r], r)] = (run, r)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                run, r = pending.pop(ref)
+                run.done(r, ray.get(ref))
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+
+
+def run_replication_sets(sets: Sequence[ReplicationSet], *, workers: int | None = None, progress: bool = True,
+                         ray: str | None = None, only: Collection[int] | None = None) -> list[list[dict[str, Any]]]:
+    """Several :func:`run_replications` at once: each set's rows, set by set, each with its own seeds and
+    checkpoint, the same as a call of its own would give. The sets share the backend: one pool of ``workers``
+    processes, or Ray with every set's replications in flight together (``workers`` then caps them all), so
+    neither a cluster nor a pool waits for one set's last replication before starting the next set's."""
+    ray_session = None if ray is None else connect_ray(ray)  # a bad address fails before anything runs or is written
+    runs: list[_SetRun] = []
+    try:
+        for s in sets:
+            runs.append(_SetRun(s, only, progress))
+        if ray_session is not None:
+            _run_on_ray(ray_session, runs, workers)
+        else:
+            _run_locally(runs, workers)
+    finally:
+        for run in runs:
+            run.close()
+    return [run.rows() for run in runs]
 
 
 def run_replications(task: Task, replications: int, seed: int, *, workers: int | None = None,
@@ -205,90 +309,8 @@ def run_replications(task: Task, replications: int, seed: int, *, workers: int |
     long experiment survives being stopped and resumes where it was. ``only`` runs a subset
     with the seeds (and checkpoint rows) those replications have in the full set.
     """
-    if replications < 1:
-        raise ValueError(f"run_replications: replications must be >= 1, got {replications}")
-    if only is not None and (not only or not all(isinstance(r, (int, np.integer)) and 0 <= r < replications
-                                                 for r in only)):
-        raise ValueError(f"run_replications: only must name replications in 0..{replications - 1}, got {only!r}")
-    ray_session = None if ray is None else connect_ray(ray)  # a bad address fails before anything runs or is written
-    wanted = range(replications) if only is None else sorted({int(r) for r in only})
-    children = np.random.SeedSequence(seed).spawn(replications)
-    out: list[dict[str, Any] | None] = [None] * replications
-    key = f"{task!r}|seed={seed}|R={replications}"
-    sink = None
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        for r, row in _load_checkpoint(checkpoint, key, replications).items():
-            out[r] = row
-        torn = checkpoint.is_file() and checkpoint.stat().st_size > 0 and not checkpoint.read_bytes().endswith(b"\n")
-        sink = checkpoint.open("a")
-        if torn:  # a line cut short by a kill: end it so the next row starts on a line of its own
-            sink.write("\n")
-    todo = [r for r in wanted if out[r] is None]
-    in_flight = workers
-    workers = max(1, min(len(todo), workers or os.cpu_count() or 1))
-
-    def done(r: int, row: dict[str, Any]) -> None:
-        out[r] = row
-        if sink is not None:
-            sink.write(json.dumps({"key": key, "r": r, "row": row}, default=float) + "\n")
-            sink.flush()
-        bar.update()
-
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, disable=not progress, leave=False)
-    try:
-        if ray_session is not None:
-            if todo:
-                _run_on_ray(ray_session, task, children, todo, in_flight, done)
-        elif workers <= 1:
-            for r in todo:
-                done(r, task(children[r], r))
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                futures = {pool.submit(task, children[r], r): r for r in todo}
-                for fut in as_completed(futures):
-                    done(futures[fut], fut.result())
-    finally:
-        bar.close()
-        if sink is not None:
-            sink.close()
-    return [out[r] for r in wanted if out[r] is not None]
-
-
-@dataclass(frozen=True)
-class ReplicationSet:
-    """The arguments of one :func:`run_replications` call, for :func:`run_replication_sets`."""
-
-    task: Task
-    replications: int
-    seed: int
-    checkpoint: str | Path | None = None
-    desc: str = "replications"
-
-
-def run_replication_sets(sets: Sequence[ReplicationSet], *, workers: int | None = None, progress: bool = True,
-                         ray: str | None = None) -> list[list[dict[str, Any]]]:
-    """:func:`run_replications` of every set (its rows, set by set), each with its own seeds and checkpoint.
-
-    With ``ray`` the sets' replications are in flight together, one thread per set submitting its own and waiting
-    for them (``workers`` caps each set), so a cluster with more CPUs than one set has replications is used; if a
-    set fails, this job's Ray session is shut down, which stops the others, and its error is raised. Locally the
-    sets run one after another over ``workers`` processes each: side by side they would only share those CPUs."""
-    if ray is None:
-        return [run_replications(s.task, s.replications, s.seed, workers=workers, progress=progress, desc=s.desc,
-                                 checkpoint=s.checkpoint) for s in sets]
-    session = connect_ray(ray)  # here, once: the threads find it connected
-    with ThreadPoolExecutor(max_workers=max(1, len(sets))) as pool:
-        futures = [pool.submit(run_replications, s.task, s.replications, s.seed, workers=workers,
-                               progress=progress, desc=s.desc, checkpoint=s.checkpoint, ray=ray) for s in sets]
-        finished, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in finished if f.exception() is not None), None)
-        if failed is not None:
-            session.shutdown()  # the other sets' tasks end with this job, and their threads with them
-            raise failed.exception()
-        return [f.result() for f in futures]
+    return run_replication_sets([ReplicationSet(task, replications, seed, checkpoint, desc)], workers=workers,
+                                progress=progress, ray=ray, only=only)[0]
 
 
 def summarize(rows: Sequence[dict[str, Any]], keys: Sequence[str] | None = None,

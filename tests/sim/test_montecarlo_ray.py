@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -78,25 +79,60 @@ def test_replication_sets_give_each_sets_rows_and_checkpoint_on_either_backend(l
     assert len(replications_in(ckpt)) == 3
 
 
-def rendezvous(folder: Path, me: str, other: str, limit_s: float = 120.0):
+@dataclass(frozen=True)
+class Rendezvous:
     """A replication that says it has started and waits until ``other``'s has (True), or gives up after
-    ``limit_s`` (False: the two were not in flight together). A closure, so Ray ships it by value."""
-    def task(seed, index) -> dict:
-        (folder / me).touch()
-        deadline = time.monotonic() + limit_s
-        while not (folder / other).exists() and time.monotonic() < deadline:
+    ``limit_s`` (False: the two were not in flight together); it marks its end with ``ME-done``."""
+
+    folder: Path
+    me: str
+    other: str
+    limit_s: float = 120.0
+
+    def __call__(self, seed, index) -> dict:
+        (self.folder / self.me).touch()
+        deadline = time.monotonic() + self.limit_s
+        while not (self.folder / self.other).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        met = (folder / other).exists()
-        (folder / f"{me}-done").touch()
+        met = (self.folder / self.other).exists()
+        (self.folder / f"{self.me}-done").touch()
         return {"met": met}
-    return task
 
 
-def test_replication_sets_are_in_flight_together_on_ray(local_ray, tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Fails:
+    """A replication that raises."""
+
+    def __call__(self, seed, index) -> dict:
+        raise ValueError("this replication fails")
+
+
+BACKENDS = {"processes": {"workers": 2}, "ray": {"ray": "auto"}}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest) -> dict:
+    """run_replication_sets' arguments for a pool of 2 processes, or for the module's local Ray of 2 CPUs."""
+    if request.param == "ray":
+        request.getfixturevalue("local_ray")
+    return BACKENDS[request.param]
+
+
+def test_replication_sets_are_in_flight_together(backend: dict, tmp_path: Path) -> None:
     """Each set has one replication that waits for the other set's: one set after another would never meet (the
-    local Ray has the 2 CPUs both need)."""
-    sets = [ReplicationSet(rendezvous(tmp_path, "a", "b"), 1, 0), ReplicationSet(rendezvous(tmp_path, "b", "a"), 1, 0)]
-    assert run_replication_sets(sets, progress=False, ray="auto") == [[{"met": True}], [{"met": True}]]
+    pool and the local Ray have the 2 CPUs both need)."""
+    sets = [ReplicationSet(Rendezvous(tmp_path, "a", "b"), 1, 0), ReplicationSet(Rendezvous(tmp_path, "b", "a"), 1, 0)]
+    assert run_replication_sets(sets, progress=False, **backend) == [[{"met": True}], [{"met": True}]]
+
+
+def test_a_failing_set_raises_and_on_ray_stops_the_others(backend: dict, tmp_path: Path) -> None:
+    """The failure reaches the caller. On Ray the other set's replication, waiting for a partner that never comes,
+    is stopped rather than waited for (a local pool lets a running replication finish)."""
+    waits = Rendezvous(tmp_path, "waits", "nobody", limit_s=120.0 if "ray" in backend else 1.0)
+    with pytest.raises(ValueError, match="this replication fails"):
+        run_replication_sets([ReplicationSet(Fails(), 1, 0), ReplicationSet(waits, 1, 0)], progress=False, **backend)
+    if "ray" in backend:
+        assert (tmp_path / "waits").exists() and not (tmp_path / "waits-done").exists()
 
 
 def test_a_bad_address_is_one_line_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -132,15 +168,3 @@ def test_ray_is_imported_only_when_its_backend_is_chosen() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
-
-
-def test_a_failing_set_stops_the_others_and_raises(local_ray, tmp_path: Path) -> None:
-    """The other set's replication (waiting for a partner that never comes) is stopped, not waited for. Last in
-    this module: it ends the Ray session (a later run_replications(ray="auto") would start a new one)."""
-    def fails(seed, index) -> dict:
-        raise ValueError("this replication fails")
-
-    sets = [ReplicationSet(fails, 1, 0), ReplicationSet(rendezvous(tmp_path, "waits", "nobody"), 1, 0)]
-    with pytest.raises(ValueError, match="this replication fails"):
-        run_replication_sets(sets, progress=False, ray="auto")
-    assert (tmp_path / "waits").exists() and not (tmp_path / "waits-done").exists()
