@@ -229,7 +229,8 @@ class _SetRun:
 def _run_locally(runs: list[_SetRun], workers: int | None) -> None:
     """Every set's missing replications over one pool of up to ``workers`` processes (default: the CPU count), or
     in this process with one; sets share the pool, so none waits for another's last replication. If one fails,
-    those not started are cancelled, those running finish (their rows are kept), and its error is raised."""
+    those not started are cancelled, those running are waited for but their rows are not kept (a rerun computes
+    them again), and its error is raised."""
     jobs = [(run, r) for run in runs for r in run.todo]
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     if n <= 1:
