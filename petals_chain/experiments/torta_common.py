@@ -14,6 +14,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,13 @@ def settings(args: Any) -> RunSettings:
     return RunSettings(DEFAULT.slots, 5, FULL_EPISODES, DEFAULT, workers, ray)
 
 
+def integer_seed(seed: np.random.SeedSequence) -> int:
+    """The integer seed an evaluation seed's replication hands to :func:`~petals_chain.torta.compare.prepare`: the
+    same for :class:`EvalTask` and :class:`AnchorTask`, so the anchor arm plays the shared evaluation's system,
+    predictor and arrivals."""
+    return int(seed.generate_state(1)[0] % 2**31)
+
+
 @dataclass(frozen=True)
 class AnchorTask:
     """One evaluation seed of one topology with the macro layer's anchor alone: the exponentially smoothed OT plan
@@ -83,12 +91,12 @@ class AnchorTask:
     base_seed: int
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
-        """The anchor's row (method "anchor") and OT-only's ("OT-only (anchor run)") under 'rows'."""
-        s = int(seed.generate_state(1)[0] % 2**31)
-        st = prepare(self.topology, self.rs.params.with_(policy_trust=ANCHOR_TRUST), self.rs.slots, 0, s,
-                     progress=False)
+        """The anchor's row (method "anchor") and OT-only's ("OT-only (anchor run)") under 'rows', without a trust
+        (the ablation pairs them with TORTA's rows under each of its trusts)."""
+        st = prepare(self.topology, self.rs.params.with_(policy_trust=ANCHOR_TRUST), self.rs.slots, 0,
+                     integer_seed(seed), progress=False)
         names = {"TORTA": "anchor", "OT-only": "OT-only (anchor run)"}
-        return {"rows": [{**r, "method": names[r["method"]], "accuracy": float("nan"), "trust": ANCHOR_TRUST}
+        return {"rows": [{**r, "method": names[r["method"]], "accuracy": float("nan")}
                          for r in evaluate(st, ("TORTA", "OT-only"))]}
 
 
@@ -108,8 +116,7 @@ class EvalTask:
 
     def __call__(self, seed: np.random.SeedSequence, index: int) -> dict[str, Any]:
         """Rows under 'rows' (with their 'accuracy' and 'trust'), the learning curve under 'curve'."""
-        s = int(seed.generate_state(1)[0] % 2**31)
-        st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, s, progress=False,
+        st = prepare(self.topology, self.rs.params, self.rs.slots, self.rs.episodes, integer_seed(seed), progress=False,
                      checkpoint_dir=self.checkpoint_dir if index == 0 else None)
         own = st.params.policy_trust
         rows = [{**r, "accuracy": float("nan") if acc is None else acc, "trust": own}
@@ -202,9 +209,19 @@ def shared_evaluation(topology: str, args: Any,
     return _SHARED[_shared_key(topology, args, rs)]
 
 
-def main_rows(rows: list[dict[str, Any]], rs: RunSettings) -> list[dict[str, Any]]:
-    """The main comparison's rows of a shared evaluation: the learned predictor, the run's own trust."""
-    return [r for r in rows if math.isnan(float(r["accuracy"])) and float(r["trust"]) == rs.params.policy_trust]
+def select_rows(rows: list[dict[str, Any]], methods: Collection[str] | None = None, *, oracle: bool = False,
+                trust: float | None = None) -> list[dict[str, Any]]:
+    """The rows of a shared evaluation of ``methods`` (None: all) with the learned predictor (``oracle`` False,
+    accuracy NaN) or with Fig 12's noisy oracle at any accuracy (True), at policy trust ``trust`` (None: any)."""
+    return [r for r in rows if (methods is None or r["method"] in methods)
+            and math.isnan(float(r["accuracy"])) != oracle and (trust is None or float(r["trust"]) == trust)]
+
+
+def main_rows(rows: list[dict[str, Any]], rs: RunSettings,
+              methods: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The main comparison's rows of a shared evaluation (of ``methods``; None: all): the learned predictor, the
+    run's own trust."""
+    return select_rows(rows, methods, trust=rs.params.policy_trust)
 
 
 def comparison_rows(args: Any) -> list[dict[str, Any]]:

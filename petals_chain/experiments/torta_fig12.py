@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from petals_chain.experiments.common import Summary, mean_ci, read_csv, replotting, save_figure, write_csv
-from petals_chain.experiments.torta_common import (PAPER_NAME, PAS, TOPOLOGIES, main_rows, settings, shared_evaluation,
+from petals_chain.experiments.torta_common import (PAPER_NAME, PAS, TOPOLOGIES, main_rows, select_rows, settings,
+                                                   shared_evaluation,
                                                    shared_evaluations)
 
 BASELINES = ("SkyLB", "SDIB", "RR")
@@ -27,8 +28,7 @@ def run(args) -> Summary:
         shared_evaluations(TOPOLOGIES, args, rs)  # every topology's seeds in one pool or on Ray at once
         for topo in TOPOLOGIES:  # the shared evaluation: the main comparison's training and baselines
             shared = shared_evaluation(topo, args, rs)[0]
-            rows += [r for r in shared if r["method"] == "TORTA" and not math.isnan(float(r["accuracy"]))]
-            rows += [r for r in main_rows(shared, rs) if r["method"] in BASELINES]
+            rows += select_rows(shared, ("TORTA",), oracle=True) + main_rows(shared, rs, BASELINES)
         write_csv(args.out / "torta-fig12.csv", rows)
     save_figure(_figure(rows), args.out / "torta-fig12.png")
     lines = []

@@ -22,8 +22,8 @@ import numpy as np
 from petals_chain.experiments.common import (Summary, mean_ci, read_csv, replotting,
                                              save_figure, write_csv)
 from petals_chain.experiments.torta_common import (PAPER_NAME, TRUST_TOPOLOGIES, TRUSTS, RunSettings,
-                                                   anchor_evaluation, main_rows, settings, shared_evaluation,
-                                                   shared_evaluations)
+                                                   anchor_evaluation, main_rows, select_rows, settings,
+                                                   shared_evaluation, shared_evaluations)
 
 METHODS = ("TORTA", "OT-only", "RL-no-OT")
 ANCHOR_METHODS = ("anchor", "OT-only (anchor run)")  # torta_common.AnchorTask's rows
@@ -55,11 +55,9 @@ def _rows_and_curves(args: Any, rs: RunSettings) -> tuple[list[dict], list[dict]
     shared_evaluations(TOPOLOGIES, args, rs)  # every topology's seeds in one pool or on Ray at once
     for topo in TOPOLOGIES:
         shared, every_curve = shared_evaluation(topo, args, rs)
-        others = [r for r in main_rows(shared, rs) if r["method"] in METHODS[1:]]
+        others = main_rows(shared, rs, METHODS[1:])
         for trust in TRUSTS:
-            torta = [r for r in shared if r["method"] == "TORTA" and math.isnan(float(r["accuracy"]))
-                     and float(r["trust"]) == trust]
-            rows += torta + [{**r, "trust": trust} for r in others]
+            rows += select_rows(shared, ("TORTA",), trust=trust) + [{**r, "trust": trust} for r in others]
         curves += [{"topology": topo, "seed": k, "episode": c["episode"], "mean_reward": c["mean_reward"]}
                    for k, seed_curve in enumerate(every_curve) for c in seed_curve]
     anchor = anchor_evaluation(TOPOLOGIES, args, rs)

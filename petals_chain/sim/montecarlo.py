@@ -229,24 +229,34 @@ class _SetRun:
 def _run_locally(runs: list[_SetRun], workers: int | None) -> None:
     """Every set's missing replications over one pool of up to ``workers`` processes (default: the CPU count), or
     in this process with one; sets share the pool, so none waits for another's last replication. If one fails,
-    those not started are cancelled, those running are waited for but their rows are not kept (a rerun computes
-    them again), and its error is raised."""
+    those not started are cancelled, those already running are waited for and their rows kept (in the checkpoint
+    too: a replication may have run for hours), and the first error is raised."""
     jobs = [(run, r) for run in runs for r in run.todo]
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     if n <= 1:
         for run, r in jobs:
             run.done(r, run.task(run.children[r], r))
         return
+    error: BaseException | None = None
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run.task, run.children[r], r): (run, r) for run, r in jobs}
         try:
             for fut in as_completed(futures):
+                if fut.cancelled():
+                    continue
                 run, r = futures[fut]
-                run.done(r, fut.result())
-        except BaseException:
+                if fut.exception() is None:
+                    run.done(r, fut.result())
+                elif error is None:  # the first failure: start nothing more, keep what is already running
+                    error = fut.exception()
+                    for other in futures:
+                        other.cancel()
+        except BaseException:  # an interrupt here: nothing more is started
             for fut in futures:
                 fut.cancel()
             raise
+    if error is not None:
+        raise error
 
 
 def _run_on_ray(ray: Any, runs: list[_SetRun], in_flight: int | None) -> None:

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -127,12 +127,56 @@ def test_replication_sets_are_in_flight_together(backend: dict, tmp_path: Path) 
 
 def test_a_failing_set_raises_and_on_ray_stops_the_others(backend: dict, tmp_path: Path) -> None:
     """The failure reaches the caller. On Ray the other set's replication, waiting for a partner that never comes,
-    is stopped rather than waited for (a local pool lets a running replication finish)."""
+    is stopped rather than waited for (a local pool lets a running replication finish and keeps its row: the next
+    test)."""
     waits = Rendezvous(tmp_path, "waits", "nobody", limit_s=120.0 if "ray" in backend else 1.0)
     with pytest.raises(ValueError, match="this replication fails"):
         run_replication_sets([ReplicationSet(Fails(), 1, 0), ReplicationSet(waits, 1, 0)], progress=False, **backend)
     if "ray" in backend:
         assert (tmp_path / "waits").exists() and not (tmp_path / "waits-done").exists()
+
+
+@dataclass(frozen=True)
+class FailsAndSays:
+    """A replication that leaves the file ``failed`` in ``folder`` and raises."""
+
+    folder: Path
+
+    def __call__(self, seed, index) -> dict:
+        (self.folder / "failed").touch()
+        raise ValueError("this replication fails")
+
+
+@dataclass(frozen=True)
+class FinishesAfterAFailure:
+    """A replication that is running when another fails and finishes after it: it waits for the file ``failed``
+    (the limit only ends a run that went wrong), then a moment more so that the pool has the failure first."""
+
+    folder: Path
+    limit_s: float = field(default=120.0, repr=False, compare=False)  # not in the checkpoint's key
+
+    def __call__(self, seed, index) -> dict:
+        deadline = time.monotonic() + self.limit_s
+        while not (self.folder / "failed").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        return {"saw_the_failure": (self.folder / "failed").exists()}
+
+
+def test_a_local_pool_keeps_the_rows_of_replications_that_finish_after_a_failure(tmp_path: Path) -> None:
+    """The failure reaches the caller, and the replication that was running beside it is not thrown away: its row is
+    in its set's checkpoint, so a rerun does not compute it again (for a seed of hours, that is the point)."""
+    checkpoint = tmp_path / "survivor.jsonl"
+    sets = [ReplicationSet(FailsAndSays(tmp_path), 1, 0), ReplicationSet(FinishesAfterAFailure(tmp_path), 1, 0,
+                                                                          checkpoint)]
+    with pytest.raises(ValueError, match="this replication fails"):
+        run_replication_sets(sets, workers=2, progress=False)
+    lines = [json.loads(line) for line in checkpoint.read_text().splitlines()]
+    assert [(e["r"], e["row"]) for e in lines] == [(0, {"saw_the_failure": True})]
+    (tmp_path / "failed").unlink()  # a rerun that computed it again would now wait out its limit and say False
+    rerun = run_replications(FinishesAfterAFailure(tmp_path, limit_s=0.0), 1, 0, workers=2, progress=False,
+                             checkpoint=checkpoint)
+    assert rerun == [{"saw_the_failure": True}] and len(checkpoint.read_text().splitlines()) == 1
 
 
 def test_a_bad_address_is_one_line_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
