@@ -296,10 +296,19 @@ def bar_figure(rows: list[dict[str, Any]], keys: list[tuple[str, str]], title: s
     styles = {m: {"facecolor": f"C{j}", "edgecolor": "black" if m in ABLATIONS else "white", "lw": 0.3,
                   "hatch": "//" if m in ABLATIONS else None} for j, m in enumerate(ORDER)}
     for ax, (key, label) in zip(axes[0], keys):
+        stats_ = {m: [stat(rows, t, m, key) for t in TOPOLOGIES] for m in ORDER}
+        top = axis_top([mu + (0 if np.isnan(hw) else hw) for st in stats_.values() for mu, hw in st])
         for j, m in enumerate(ORDER):
-            st = [stat(rows, t, m, key) for t in TOPOLOGIES]
-            ax.bar(np.arange(len(TOPOLOGIES)) + j * width, [s[0] for s in st], width,
-                   yerr=[0 if np.isnan(s[1]) else s[1] for s in st], capsize=2, **styles[m])
+            st = stats_[m]
+            x = np.arange(len(TOPOLOGIES)) + j * width
+            ax.bar(x, [min(s[0], top) for s in st], width,
+                   yerr=[0 if np.isnan(s[1]) or s[0] + s[1] > top else s[1] for s in st], capsize=2, **styles[m])
+            for xi, (mu, hw) in zip(x, st):  # a bar cut at the axis' top says its value where it is cut
+                if mu + (0 if np.isnan(hw) else hw) > top:
+                    ax.annotate(f"{mu:.0f} ± {hw:.0f}", (xi, top), xytext=(-2, -4), textcoords="offset points",
+                                rotation=90, ha="right", va="top", fontsize=8)
+        if top < math.inf:
+            ax.set_ylim(0, top)
         ax.set_xticks(np.arange(len(TOPOLOGIES)) + 0.4 - width / 2)
         ax.set_xticklabels([PAPER_NAME[t] for t in TOPOLOGIES])
         ax.grid(axis="x", visible=False)
@@ -308,6 +317,19 @@ def bar_figure(rows: list[dict[str, Any]], keys: list[tuple[str, str]], title: s
                loc="outside lower center", ncol=4 if len(keys) == 1 else len(ORDER), frameon=False, fontsize=9)
     fig.suptitle(title)
     return fig
+
+
+def axis_top(tops: list[float], gap: float = 3.0) -> float:
+    """Where a bar panel's axis ends: infinity (matplotlib decides) unless, above the median bar (mean + CI), the
+    sorted bars jump by more than ``gap`` times from one to the next; then 1.25 times the bar below the jump, so that
+    one method's collapse (RL-no-OT's hundreds of seconds on Gabriel and Cost266) does not flatten every other bar,
+    while a quantity that merely differs by topology (switching) keeps its whole axis."""
+    finite = sorted(t for t in tops if np.isfinite(t))
+    upper = [t for t in finite if t >= float(np.median(finite))] if finite else []
+    for low, high in zip(upper, upper[1:]):
+        if low > 0 and high > gap * low:
+            return 1.25 * low
+    return math.inf
 
 
 def bar_plot(rows: list[dict[str, Any]], keys: list[tuple[str, str]], path: Path, title: str) -> None:

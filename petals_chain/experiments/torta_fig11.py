@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from petals_chain.experiments.common import Summary, plt, write_csv
-from petals_chain.experiments.torta_common import ORDER, PAPER_NAME, TOPOLOGIES, comparison_rows, stat
+import math
+
+from petals_chain.experiments.torta_common import ORDER, PAPER_NAME, TOPOLOGIES, axis_top, comparison_rows, stat
 from petals_chain.experiments.torta_fig8 import summary_rows
 
 PARTS = (("mean_wait_s", "waiting"), ("mean_service_s", "inference"), ("mean_network_s", "network"))
@@ -17,14 +19,22 @@ def run(args) -> Summary:
     write_csv(args.out / "torta-fig11.csv", summary_rows(rows, [k for k, _ in PARTS]))
     pyplot = plt()
     fig, axes = pyplot.subplots(1, len(TOPOLOGIES), figsize=(16, 4), sharey=True)
+    totals = {t: [sum(stat(rows, t, m, key)[0] for key, _ in PARTS) for m in ORDER] for t in TOPOLOGIES}
+    top = axis_top([v for vs in totals.values() for v in vs])  # a collapsed method would flatten the others
     for ax, t in zip(axes, TOPOLOGIES):
         bottom = [0.0] * len(ORDER)
         for key, label in PARTS:
             v = [stat(rows, t, m, key)[0] for m in ORDER]
             ax.bar(ORDER, v, bottom=bottom, label=label)
             bottom = [a + b for a, b in zip(bottom, v)]
+        for j, total in enumerate(totals[t]):  # a bar cut at the axis' top says its total where it is cut
+            if total > top:
+                ax.annotate(f"{total:.0f} s", (j, top), xytext=(-3, -4), textcoords="offset points", rotation=90,
+                            ha="right", va="top", fontsize=8)
         ax.set_title(PAPER_NAME[t])
         ax.tick_params(axis="x", rotation=90)  # rotated 45°, the labels' boxes overlapped their neighbours
+    if top < math.inf:
+        axes[0].set_ylim(0, top)
     axes[0].set_ylabel("time (s)")
     axes[0].legend()
     fig.suptitle("TORTA Fig 11: response-time breakdown")

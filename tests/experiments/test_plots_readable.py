@@ -175,7 +175,7 @@ def _mell_theorem2() -> Any:
 def _torta(keys: list[tuple[str, str]]) -> Any:
     from petals_chain.experiments import torta_common as tc
 
-    return tc.bar_figure(tc.read_rows(RESULTS / "torta-runs-quick.csv"), keys, "TORTA")
+    return tc.bar_figure(tc.read_rows(RESULTS / "torta-runs.csv"), keys, "TORTA")
 
 
 def _torta_live() -> Any:
