@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from petals_chain.experiments.common import Summary, plt, write_csv
 import math
 
+from petals_chain.experiments.common import Summary, plt, write_csv
 from petals_chain.experiments.torta_common import ORDER, PAPER_NAME, TOPOLOGIES, axis_top, comparison_rows, stat
 from petals_chain.experiments.torta_fig8 import summary_rows
 

@@ -9,8 +9,7 @@ import numpy as np
 
 from petals_chain.experiments.common import Summary, mean_ci, read_csv, replotting, save_figure, write_csv
 from petals_chain.experiments.torta_common import (PAPER_NAME, PAS, TOPOLOGIES, main_rows, select_rows, settings,
-                                                   shared_evaluation,
-                                                   shared_evaluations)
+                                                   shared_evaluation, shared_evaluations)
 
 BASELINES = ("SkyLB", "SDIB", "RR")
 REPLOT = True  # `--replot` redraws torta-fig12.png and its section from results/torta-fig12.csv
