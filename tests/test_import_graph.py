@@ -24,7 +24,7 @@ SOURCE = Path(__file__).resolve().parents[1] / ROOT_PACKAGE
 ROOT_NODE = "<root>"  # petals_chain/__init__.py itself
 
 LIBRARY = frozenset({
-    "model", "units", "schema", "defaults", "service_time", "model_shapes", "cli_args",
+    "model", "units", "schema", "defaults", "service_time", "device_profile", "model_shapes", "cli_args",
     "compose", "dispatch", "analysis", "sim", "mell", "moldable", "torta", "data", "checkpoint", "kernels",
 })
 LIVE = frozenset({"orchestrator", "server", "client", "loopback", "launch", "protocol"})

@@ -40,6 +40,21 @@ class BlockSizes:
     dtype: str
     activation_bytes_per_token: int = 0  # transient bytes of one prefill token in one block: (3·d_ff + 8·d)·dtype
     quant_type: str = "none"  # how the linear weights are stored (checkpoint.quant); the cache stays in ``dtype``
+    # bytes one cache slot really allocates when block/cache bytes are an emulated device's units (0: cache_bytes)
+    real_cache_bytes: int = 0
+
+    @property
+    def cache_alloc_bytes(self) -> int:
+        """Bytes one cache slot allocates on this process's device (``cache_bytes`` unless emulated units)."""
+        return self.real_cache_bytes or self.cache_bytes
+
+    def emulated(self, block_bytes: int, cache_bytes: int) -> BlockSizes:
+        """These sizes counted in an emulated device's units (the blocks and slots of the model it stands for), the
+        allocation staying this checkpoint's (server/device_clock.py)."""
+        from dataclasses import replace
+
+        return replace(self, block_bytes=int(block_bytes), cache_bytes=int(cache_bytes),
+                       real_cache_bytes=self.cache_alloc_bytes)
 
     def model_spec(self, name: str) -> ModelSpec:
         """The ModelSpec the orchestrator composes with."""

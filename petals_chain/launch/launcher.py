@@ -236,10 +236,14 @@ class Launch:
     def server_env(self, index: int) -> dict[str, str]:
         """What a server process needs to know about its slot: its GPU (MIG UUID or none), budget, speed, name."""
         srv = self.testbed.servers[index]
-        return {"CUDA_VISIBLE_DEVICES": self.mig_uuids.get(srv.name, ""),
-                "PETALS_CHAIN_SERVER_NAME": srv.name,
-                "PETALS_CHAIN_MEMORY_BUDGET_BYTES": str(int(srv.memory_bytes)),
-                "PETALS_CHAIN_SPEED_FACTOR": repr(srv.speed_factor)}
+        env = {"CUDA_VISIBLE_DEVICES": self.mig_uuids.get(srv.name, ""),
+               "PETALS_CHAIN_SERVER_NAME": srv.name,
+               "PETALS_CHAIN_MEMORY_BUDGET_BYTES": str(int(srv.memory_bytes)),
+               "PETALS_CHAIN_SPEED_FACTOR": repr(srv.speed_factor)}
+        if srv.device is not None:  # server/device_clock.py keeps this device's time, × the testbed's dilation
+            env.update({"PETALS_CHAIN_DEVICE": srv.device,
+                        "PETALS_CHAIN_TIME_DILATION": repr(float(self.testbed.time_dilation))})
+        return env
 
     def start_server(self, index: int, argv: Sequence[str], *, env: dict[str, str] | None = None,
                      log_path: Path | None = None) -> subprocess.Popen:

@@ -62,12 +62,19 @@ def _petals_session_class() -> type:
 class PetalsClient:
     """The plain PETALS client (its own routing and retries) for all requests of a replay."""
 
-    def __init__(self, setup: ModelSetup, initial_peers: Sequence[str]) -> None:
+    def __init__(self, setup: ModelSetup, initial_peers: Sequence[str], time_dilation: float = 1.0) -> None:
         import petals
 
         self.setup = setup
+        timing = {}
+        if time_dilation != 1.0:  # a dilated testbed: PETALS' own waits (timeouts, backoff, bans) × k as well
+            from petals.client.config import ClientConfig
+
+            timing = {f: getattr(ClientConfig, f) * time_dilation
+                      for f in ("request_timeout", "update_period", "min_backoff", "max_backoff", "ban_timeout")}
         self.model = petals.AutoDistributedModelForCausalLM.from_pretrained(
-            str(setup.model_dir), initial_peers=list(initial_peers), dht_prefix=setup.dht_prefix, show_route=False)
+            str(setup.model_dir), initial_peers=list(initial_peers), dht_prefix=setup.dht_prefix, show_route=False,
+            **timing)
         self._session_cls = _petals_session_class()
         self.names: dict[str, str] = {}
 

@@ -141,7 +141,7 @@ class LiveMethod:
             started.append(s.name)
         if not started:
             raise InfeasibleError("PETALS: no server can hold a block with its attention cache")
-        self.client = PetalsClient(setup, peers)
+        self.client = PetalsClient(setup, peers, self.swarm.launch.testbed.time_dilation)
         uids = [f"{setup.dht_prefix}.{i}" for i in range(setup.num_blocks)]
         found = wait_petals_servers(self.client.model.transformer.h.sequence_manager.dht, uids, started, self.swarm,
                                     self.ready_timeout_s)

@@ -52,6 +52,10 @@ def model_setup(testbed: Testbed, model_dir: str | Path | None = None, dtype: st
     config = load_config(directory)
     groups = getattr(config, "num_key_value_groups", 1) or 1
     per_token = 2 * config.hidden_size // groups * (4 if dtype == "float32" else 2)
+    if testbed.emulated:  # sizes in the emulated model's units; the checkpoint only computes (device_profile)
+        from petals_chain.device_profile import emulated_sizes
+
+        per_token = emulated_sizes(1)[1]
     max_length = int(testbed.model.cache_bytes // per_token)
     if max_length < 2:
         raise TestbedError(f"{testbed.source or testbed.name}: model.cache_size {testbed.model.cache_bytes:g} B holds "
@@ -60,7 +64,10 @@ def model_setup(testbed: Testbed, model_dir: str | Path | None = None, dtype: st
     if sizes.num_blocks != testbed.model.num_blocks:
         raise TestbedError(f"{testbed.source or testbed.name}: model.blocks = {testbed.model.num_blocks} but "
                            f"{directory} has {sizes.num_blocks} blocks")
-    return ModelSetup(directory, testbed.model.name, dtype, max_length, sizes.block_bytes, sizes.cache_bytes,
+    block_bytes, cache_bytes = sizes.block_bytes, sizes.cache_bytes
+    if testbed.emulated:
+        block_bytes, cache_bytes = emulated_sizes(max_length)
+    return ModelSetup(directory, testbed.model.name, dtype, max_length, block_bytes, cache_bytes,
                       sizes.num_blocks, int(config.hidden_size))
 
 

@@ -93,8 +93,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    install(speed)
-    print(f"slowdown: speed factor {speed:g} (compute stretched x{1 / speed:.3f})", file=sys.stderr, flush=True)
+    from petals_chain.server import device_clock
+
+    try:
+        clock = device_clock.ClockSettings.from_env()
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if clock is not None and speed < 1.0:
+        print(f"error: {SPEED_ENV} and {device_clock.DEVICE_ENV} both set: a server keeps one device's time",
+              file=sys.stderr)
+        return 2
+    if clock is not None:
+        device_clock.install(clock)
+        print(f"slowdown: emulating {clock.device}, time x{clock.dilation:g}", file=sys.stderr, flush=True)
+    else:
+        install(speed)
+        print(f"slowdown: speed factor {speed:g} (compute stretched x{1 / speed:.3f})", file=sys.stderr, flush=True)
     if entry in ("petals", "batched"):
         from petals.cli import run_server
 

@@ -55,6 +55,7 @@ class TestbedSwarm:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.python = python
         self.procs: dict[str, subprocess.Popen] = {}
+        self.device_log_dir: Path | None = None  # emulated devices: each server's step log goes here
 
     @property
     def host(self) -> str:
@@ -89,6 +90,10 @@ class TestbedSwarm:
         label = f"server-{name}"
         path = self.log_path(label)
         path.unlink(missing_ok=True)
+        env = dict(env or {})
+        if self.device_log_dir is not None:  # server/device_clock.py logs each step's real and device time there
+            self.device_log_dir.mkdir(parents=True, exist_ok=True)
+            env.setdefault("PETALS_CHAIN_DEVICE_LOG", str(self.device_log_dir / f"{name}.csv"))
         proc = self.launch.start_server(j, list(argv), env=_env(env), log_path=path)
         self.procs[label] = proc
         return proc

@@ -9,7 +9,7 @@ file into a :class:`Testbed` in SI units, drawing RIPE Atlas RTTs where the file
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ class TestbedServer:
     gpu_index: int | None = None
     profile: str | None = None
     placement: int | None = None
+    device: str | None = None  # an emulated device (petals_chain.device_profile); rtt_s is then already × k
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,22 @@ class Testbed:
     trace: TraceSpec | None
     subnet: ipaddress.IPv4Network
     port: int
+    time_dilation: float = 1.0  # every device time and round trip × k (rtt_s of the servers include it)
+
+    @property
+    def emulated(self) -> bool:
+        """True when every server emulates a named device (server/device_clock.py)."""
+        return bool(self.servers) and all(s.device is not None for s in self.servers)
+
+    def with_dilation(self, k: float) -> Testbed:
+        """This testbed with time dilated by ``k`` instead of its own: round trips rescaled (the devices' times
+        follow ``time_dilation``, which every emulated server is started with)."""
+        if not self.emulated:
+            raise TestbedError(f"{self.source or self.name}: time dilation needs servers that emulate a device")
+        if not k >= 1:
+            raise TestbedError(f"time dilation must be >= 1, got {k!r}")
+        servers = tuple(replace(s, rtt_s=s.rtt_s / self.time_dilation * k) for s in self.servers)
+        return replace(self, servers=servers, time_dilation=float(k))
 
     @property
     def is_mig(self) -> bool:
@@ -118,13 +135,16 @@ def parse_testbed(raw: Any, where: str = "testbed", base: Path | None = None, na
         for nm, rtt, (index, prof, start) in zip(names, rtts, slices):
             servers.append(TestbedServer(nm, "mig", prof.memory_bytes, rtt, 1.0, index, prof.name, start))
     else:
+        k = doc.emulation.time_dilation if doc.emulation is not None else 1.0
         for nm, rtt, cpu in zip(names, rtts, doc.cpu_servers):
-            servers.append(TestbedServer(nm, "cpu", cpu.memory_budget, rtt, cpu.speed_factor))
+            servers.append(TestbedServer(nm, "cpu", cpu.memory_bytes, rtt * (k if cpu.device else 1.0),
+                                         cpu.speed_factor, device=cpu.device))
     m = doc.model
     model = ModelSpec(m.blocks, m.block_size, m.cache_size, name=m.name)
     trace = TraceSpec(doc.trace.path, doc.trace.requests) if doc.trace is not None else None
     return Testbed(doc.name or name or "testbed", None, model, m.path, tuple(servers), tuple(gpus), source, seed,
-                   doc.latency.method, trace, doc.net.subnet, doc.net.port)
+                   doc.latency.method, trace, doc.net.subnet, doc.net.port,
+                   doc.emulation.time_dilation if doc.emulation is not None else 1.0)
 
 
 def _ripe_rtts(where: str, doc: TestbedFile, n_servers: int) -> list[float]:

@@ -194,12 +194,45 @@ class GpuEntry(FileModel):
         return product, tuple(wanted), tuple(starts)
 
 
+def _device_name(value: Any) -> str:
+    """A device of petals_chain.device_profile (ValueError listing the known ones)."""
+    from petals_chain.device_profile import device
+
+    return device(str(value)).name
+
+
 class CpuServer(FileModel):
-    """One CPU-emulated server: memory budget and speed factor (1 = the fastest kind)."""
+    """One CPU stand-in: a memory budget and a speed factor (1 = the fastest kind), or an emulated ``device`` whose
+    step times it keeps and whose memory it counts in (server/device_clock.py); a budget given beside a device
+    overrides the device's memory."""
 
     name: Name | None = None
-    memory_budget: Size
+    memory_budget: Size | None = None
     speed_factor: SpeedFactor = 1.0
+    device: Annotated[str, PlainValidator(_device_name)] | None = None
+
+    @model_validator(mode="after")
+    def _sized(self) -> CpuServer:
+        if self.device is None and self.memory_budget is None:
+            raise ValueError("give 'memory_budget' (or an emulated 'device', whose memory it then has)")
+        if self.device is not None and self.speed_factor != 1.0:
+            raise FieldError("a server emulating a device keeps that device's time: no speed_factor", "speed_factor")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        """The budget, or the emulated device's memory."""
+        if self.memory_budget is not None:
+            return float(self.memory_budget)
+        from petals_chain.device_profile import device
+
+        return device(self.device).memory_bytes
+
+
+class EmulationSection(FileModel):
+    """``emulation``: the time dilation k of a testbed of emulated devices (every device time and delay × k)."""
+
+    time_dilation: Annotated[float, BeforeValidator(parse_number), Field(ge=1, le=1000)] = 1.0
 
 
 class RipeAtlas(FileModel):
@@ -268,6 +301,7 @@ class TestbedFile(FileModel):
     latency: LatencySection
     trace: TraceSection | None = None
     network: NetworkSection | None = None
+    emulation: EmulationSection | None = None
 
     @property
     def net(self) -> NetworkSection:
@@ -284,6 +318,12 @@ class TestbedFile(FileModel):
     def _consistent(self) -> TestbedFile:
         if (self.gpus is None) == (self.cpu_servers is None):
             raise ValueError("give exactly one of 'gpus' (MIG slices) or 'cpu_servers' (CPU emulation)")
+        devices = [s.device is not None for s in self.cpu_servers or ()]
+        if any(devices) and not all(devices):
+            raise FieldError("either every server emulates a device or none does", "cpu_servers")
+        if self.emulation is not None and not any(devices):
+            raise FieldError("time dilation needs servers that emulate a device ('device' on each cpu_server)",
+                             "emulation")
         seen: set[int] = set()
         for g, gpu in enumerate(self.gpus or ()):
             if gpu.index in seen:

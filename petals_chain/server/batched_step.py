@@ -167,6 +167,8 @@ class BatchedSpanStep:
     TensorParallel wrapper); holds no per-session state, so the same object serves every step.
     """
 
+    fused_attention = False  # set in an emulated device's server only (server/fused_attention.py)
+
     def __init__(self, blocks: Sequence[nn.Module], *, max_logits_bytes: int = DEFAULT_MAX_LOGITS_BYTES,
                  attention: str = "per_session"):
         if not blocks:
@@ -431,6 +433,14 @@ class BatchedSpanStep:
         kvh, g, d = self.num_kv_heads, self.groups, self.head_dim
         q5 = q.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)  # [batch, kv_heads, groups, n, head_dim]
         out5 = out.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)
+        if self.fused_attention:  # an emulated device's server (server/fused_attention.py): one fused call
+            from petals_chain.server.fused_attention import fused_causal
+
+            end = p + n
+            att = fused_causal(q5.reshape(batch, kvh * g, n, d), _grouped(keys.narrow(3, 0, end).transpose(2, 3), g),
+                               _grouped(values.narrow(2, 0, end), g), p, scale=1.0)  # q is scaled already
+            out5.copy_(att.view(batch, kvh, g, n, d))
+            return
         row_bytes = batch * kvh * g * (p + n) * 4  # float32 softmax of one query position
         chunk = max(1, min(n, self.max_logits_bytes // max(1, row_bytes)))
         for c0 in range(0, n, chunk):
@@ -444,6 +454,14 @@ class BatchedSpanStep:
                 scores = scores.masked_fill(masked, float("-inf"))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             out5.narrow(3, c0, m).copy_(torch.matmul(probs, values.narrow(2, 0, end)).view(batch, kvh, g, m, d))
+
+
+def _grouped(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[batch, kv_heads, L, d]`` repeated per query group: ``[batch, kv_heads · groups, L, d]``."""
+    if groups == 1:
+        return t
+    b, h, length, d = t.shape
+    return t.unsqueeze(2).expand(b, h, groups, length, d).reshape(b, h * groups, length, d)
 
 
 class BatchedMergedInferenceStep:

@@ -124,9 +124,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "as many sessions at their mean context with preallocated caches, and log it beside the "
                         "step (--step-log, column bare_seconds): the runtime's overhead measured where it runs; "
                         "costs one more forward every N batches and scratch caches; default 0 (off)")
+    e = p.add_argument_group("an emulated device (docs/testbed.md, \"Emulated devices\")")
+    e.add_argument("--emulate-device", default=os.environ.get("PETALS_CHAIN_DEVICE", "") or None, metavar="NAME",
+                   type=checked_text(_device_name, "device name"),
+                   help="compute every step on this checkpoint, then wait until the named device's time for it has "
+                        "passed (petals_chain.device_profile: h100, a100-3g.40gb, a100-2g.20gb); memory and cache are "
+                        "counted in the units of the model that device serves (LLaMA-2-7B); default: env "
+                        "PETALS_CHAIN_DEVICE")
+    e.add_argument("--time-dilation", type=float_arg(ge=1, le=1000),
+                   default=float(os.environ.get("PETALS_CHAIN_TIME_DILATION", "1") or 1), metavar="K",
+                   help="with --emulate-device, every device time x K (a run whose every duration is dilated by K)")
+    e.add_argument("--device-log", default=os.environ.get("PETALS_CHAIN_DEVICE_LOG", ""), metavar="CSV",
+                   help="with --emulate-device, append each step's real and device seconds to this CSV")
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return token_files(p.parse_args(argv), "--token")
+
+
+def _device_name(text: str) -> str:
+    """A device of petals_chain.device_profile (ValueError listing the known ones)."""
+    from petals_chain.device_profile import device
+
+    return device(text).name
 
 
 def _positive_int_or_auto(text: str) -> int | None:
@@ -207,6 +226,15 @@ def build_server(args: argparse.Namespace) -> Any:
     if args.job_input_tokens + args.job_output_tokens > args.max_length:
         raise SpecError(f"--job-input-tokens + --job-output-tokens exceed --max-length {args.max_length}")
     sizes = block_sizes(model_dir, args.torch_dtype, args.max_length, args.quant_type)
+    if args.emulate_device:  # count blocks and slots in the emulated model's units; keep its time on every step
+        from petals_chain.device_profile import emulated_sizes
+        from petals_chain.server import device_clock
+
+        sizes = sizes.emulated(*emulated_sizes(args.max_length))
+        if args.prefill_chunk_tokens is None:  # batch as the server would on the GPU it stands for
+            args.prefill_chunk_tokens = defaults.PREFILL_CHUNK_TOKENS_CUDA
+        if device_clock.CLOCK is None:
+            device_clock.install(device_clock.ClockSettings(args.emulate_device, args.time_dilation, args.device_log))
     reserve = sizes.runtime_reserve_bytes(args.device) if args.reserve == "auto" else parse_reserve(args.reserve)
     budget, memory = memory, memory - reserve
     need = sizes.block_bytes + sizes.cache_bytes
@@ -243,6 +271,11 @@ def build_server(args: argparse.Namespace) -> Any:
     start_shm_manager()
     torch.set_num_threads(max(1, args.torch_threads))
     workload = Workload(args.job_input_tokens, args.job_output_tokens)
+    if args.tau_p_s is None and args.emulate_device:  # the device's τp, not this checkpoint's on this CPU
+        from petals_chain.device_profile import device
+
+        args.tau_p_s = device(args.emulate_device).dilated(args.time_dilation).job_s(args.job_input_tokens,
+                                                                                    args.job_output_tokens)
     tau_p_s = args.tau_p_s or measure_tau_p(model_dir, sizes.dtype, args.job_input_tokens, args.job_output_tokens)
     profile = profile_server(orch, name, memory, tau_p_s, workload)
     server = OrchestratedServer(

@@ -233,12 +233,12 @@ class OrchestratedServer(Server):
                 f"({self.sizes.block_bytes * m:.4g} B) but no cache slot of {self.sizes.cache_bytes} B"
             )
         self.num_blocks = m
-        self.attn_cache_bytes = self.cache_slots * self.sizes.cache_bytes
+        self.attn_cache_bytes = self.cache_slots * self.sizes.cache_alloc_bytes
         install_kv_arena(ArenaLayout(  # c sessions' rows per block, each of --max-length tokens (server/kv_arena.py)
             rows=self.cache_slots // m, pairs=m, length=self.sizes.max_length,
             mode=self.batching.kv_arena if self.batching.enabled and self.cache_slots >= m else "off"))
         self._chosen = span
-        used = self.sizes.block_bytes * m + self.attn_cache_bytes
+        used = self.sizes.block_bytes * m + self.cache_slots * self.sizes.cache_bytes
         log.info(
             "serving blocks %s (%d blocks): %d cache slots = %.1f jobs of %d tokens on every block; "
             "s_m*m + s_c*slots = %.4g B <= M = %.4g B",
