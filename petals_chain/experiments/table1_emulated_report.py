@@ -33,8 +33,10 @@ class Replay:
     config: str
     round: int
     details: dict[str, Any]
-    response: dict[int, float]  # request → response (answered ones)
+    response: dict[int, float]  # request → response (answered ones, and unfinished ones at the cutoff)
     waiting: dict[int, float]
+    censored: int = 0  # requests unfinished at the cutoff (their times are lower bounds)
+    failed: int = 0  # requests that ended in an error (left out)
 
     @property
     def valid(self) -> bool:
@@ -50,14 +52,17 @@ def load_replays(out: Path) -> list[Replay]:
         if details.get("status") != "ran":
             continue
         k = float(details["time_dilation"])
-        resp, wait = {}, {}
+        resp, wait, censored, failed = {}, {}, 0, 0
         with (js.parent / f"{js.stem}_requests.csv").open() as fh:
             for row in csv.DictReader(fh):
-                if row["error"]:
+                cut = row["censored"] == "True"  # unfinished at the cutoff: counted there (a lower bound)
+                if row["error"] and not cut:
+                    failed += 1
                     continue
+                censored += cut
                 resp[int(row["request"])] = float(row["response_s"]) / k
                 wait[int(row["request"])] = float(row["waiting_s"]) / k
-        found.append(Replay(details["config"], int(details["round"]), details, resp, wait))
+        found.append(Replay(details["config"], int(details["round"]), details, resp, wait, censored, failed))
     return sorted(found, key=lambda r: (r.round, ORDER.index(r.config) if r.config in ORDER else 99))
 
 
@@ -88,6 +93,7 @@ def summarize(replays: Sequence[Replay]) -> dict[str, dict[str, Any]]:
         row: dict[str, Any] = {"replays": len(mine), "requests": int(resp.size), "response_mean": float(resp.mean()),
                                "waiting_mean": float(wait.mean()), "response_p95": float(np.percentile(resp, 95)),
                                "validity": [round(r.details["validity"]["valid_share"], 4) for r in mine],
+                               "censored": sum(r.censored for r in mine), "failed": sum(r.failed for r in mine),
                                "loadavg": [r.details.get("loadavg_1m") for r in mine]}
         if config != "petals":
             pairs, rounds = [], []
@@ -136,19 +142,24 @@ def markdown(summary: dict[str, dict[str, Any]], replays: Sequence[Replay], plan
         rm, rlo, rhi = row["saving_by_replay"]
         lines.append(f"- {LABELS[config]}: over {row['paired_requests']} request pairs {m:+.2f} s [{lo:+.2f}, "
                      f"{hi:+.2f}]; over {row['paired_rounds']} rounds {rm:+.2f} s [{rlo:+.2f}, {rhi:+.2f}]")
+    cut = {c: row["censored"] for c, row in summary.items() if row["censored"] or row["failed"]}
+    if cut:
+        lines += ["", "Unfinished at the cutoff (counted there, so those means are lower bounds) or failed: "
+                  + "; ".join(f"{LABELS[c]} {summary[c]['censored']} / {summary[c]['failed']}" for c in cut)]
     lines += ["", "| replay | status | device time kept | load average before / after | response / waiting (s) |",
               "|---|---|---|---|---|"]
     for r in replays:
         v = r.details["validity"]
-        resp = np.mean(list(r.response.values())) if r.response else math.nan
-        wait = np.mean(list(r.waiting.values())) if r.waiting else math.nan
-        lines.append(f"| {r.config} r{r.round} | {'valid' if r.valid else 'INVALID: not in the table'} | "
+        times = "–"  # a replay whose servers did not keep the device's time is not reported
+        if r.valid and r.response:
+            times = f"{np.mean(list(r.response.values())):.2f} / {np.mean(list(r.waiting.values())):.2f}"
+        lines.append(f"| {r.config} r{r.round} | {'valid' if r.valid else 'INVALID: not reported'} | "
                      f"{100 * v['valid_share']:.2f} % of {v['steps']} steps | {r.details.get('loadavg_1m')} | "
-                     f"{resp:.2f} / {wait:.2f} |")
+                     f"{times} |")
     return "\n".join(lines) + "\n"
 
 
-def figure(path: Path, summary: dict[str, dict[str, Any]]) -> Path | None:
+def figure(path: Path, summary: dict[str, dict[str, Any]], plan: dict[str, Any] | None = None) -> Path | None:
     """Mean response per configuration, PETALS = 100 %, split into waiting and service; the paper's beside it."""
     from petals_chain.experiments.common import figure as new_figure
     from petals_chain.experiments.common import save_figure
@@ -157,7 +168,8 @@ def figure(path: Path, summary: dict[str, dict[str, Any]]) -> Path | None:
         return None
     base = summary["petals"]["response_mean"]
     configs = list(summary)
-    fig, ax = new_figure(figsize=(8.5, 4.2))
+    fig, axes = new_figure(figsize=(8.5, 4.4))
+    ax = axes[0][0]
     x = np.arange(len(configs))
     wait = [100 * summary[c]["waiting_mean"] / base for c in configs]
     serve = [100 * (summary[c]["response_mean"] - summary[c]["waiting_mean"]) / base for c in configs]
@@ -173,9 +185,11 @@ def figure(path: Path, summary: dict[str, dict[str, Any]]) -> Path | None:
                    label="paper (light)" if i == 0 else None)
     ax.set_xticks(x, [LABELS[c] for c in configs], rotation=20, ha="right")
     ax.set_ylabel("mean response, PETALS = 100 %")
-    ax.set_title("Table 1 on emulated A100 MIG slices (LLaMA-2-7B timing), code trace at native pace")
+    plan = plan or {}
+    rows = (f"rows {plan['skip']}–{plan['skip'] + plan['requests'] - 1}" if plan.get("requests") else "code trace")
+    k = f", time × {plan['time_dilation']:g}" if plan.get("time_dilation") else ""
+    ax.set_title(f"Table 1 on emulated A100 MIG slices (LLaMA-2-7B timing): {rows} at native pace{k}", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -197,5 +211,5 @@ def report(out: Path) -> list[str]:
             sp = row.get("saving_by_replay", (math.nan,) * 3)
             w.writerow([config, row["replays"], row["requests"], row["response_mean"], row["waiting_mean"],
                         row["response_p95"], row.get("vs_petals_pct", math.nan), *sr, *sp])
-    figure(out / "table1.png", summary)
+    figure(out / "table1.png", summary, plan)
     return text.splitlines()

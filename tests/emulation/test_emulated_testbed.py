@@ -12,6 +12,7 @@ from petals_chain.data.azure import Trace
 from petals_chain.experiments.table1_emulated import CONFIGS, plan_native
 from petals_chain.launch.launcher import Launch
 from petals_chain.launch.testbed import TestbedError, load_testbed
+from tests.launch.test_testbed_format import write
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED = """
@@ -22,12 +23,6 @@ cpu_servers:
 emulation: {time_dilation: 3}
 latency: {rtt: {a: 20 ms, b: 10 ms}, method: relay}
 """
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "tb.yaml"
-    path.write_text(text)
-    return path
 
 
 def test_devices_give_memory_and_dilated_round_trips(tmp_path: Path) -> None:

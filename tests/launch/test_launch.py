@@ -155,11 +155,11 @@ def test_malformed_file_is_rejected_with_its_name(tmp_path: Path, text: str, fie
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"colour": "red"}, r"tb\.yaml: colour: unknown key \(known: cpu_servers, gpus, latency, model, name, network, "
-                        r"trace\)"),
+    ({"colour": "red"}, r"tb\.yaml: colour: unknown key \(known: cpu_servers, emulation, gpus, latency, model, name, "
+                        r"network, trace\)"),
     ({"model": {"name": "x", "blocks": 0, "block_size": "1MB", "cache_size": "1MB"}}, r"model\.blocks"),
     ({"model": {"name": "x", "blocks": 2, "block_size": "1 parsec", "cache_size": "1MB"}}, r"model\.block_size"),
-    ({"cpu_servers": [{"name": "a"}]}, r"cpu_servers\[0\] \(a\): missing field\(s\) memory_budget"),
+    ({"cpu_servers": [{"name": "a"}]}, r"cpu_servers\[0\] \(a\).*give 'memory_budget' \(or an emulated 'device'"),
     ({"cpu_servers": [{"name": "a", "memory_budget": "1MB", "speed_factor": 2}]}, r"speed_factor"),
     ({"cpu_servers": [{"name": "a", "memory_budget": "1MB"}, {"name": "a", "memory_budget": "1MB"}]},
      "used twice: a"),

@@ -22,7 +22,7 @@ from petals_chain.device_profile import device, emulated_sizes
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / ".cache" / "models" / "tiny-llama-32x64"
+TINY = REPO / ".cache" / "models" / "tiny-llama-32x16"
 MAX_LENGTH = 256
 K = 2.0
 PROMPTS = [[5, 17, 99, 3, 250], list(range(40, 101)), [7] * 12]
