@@ -187,7 +187,8 @@ def figure(path: Path, summary: dict[str, dict[str, Any]], plan: dict[str, Any] 
     ax.set_ylabel("mean response, PETALS = 100 %")
     plan = plan or {}
     rows = (f"rows {plan['skip']}–{plan['skip'] + plan['requests'] - 1}" if plan.get("requests") else "code trace")
-    k = f", time × {plan['time_dilation']:g}" if plan.get("time_dilation") else ""
+    ks = sorted(set(plan.get("dilations", [])) or ({plan["time_dilation"]} if plan.get("time_dilation") else set()))
+    k = f", time × {' and '.join(f'{x:g}' for x in ks)}" if ks else ""
     ax.set_title(f"Table 1 on emulated A100 MIG slices (LLaMA-2-7B timing): {rows} at native pace{k}", fontsize=10)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
@@ -200,6 +201,7 @@ def report(out: Path) -> list[str]:
         return [f"no replays in {out / 'replays'} yet (experiments/table1-emulated.sh runs them)"]
     plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
     summary = summarize(replays)
+    plan["dilations"] = [float(r.details["time_dilation"]) for r in replays if r.valid]  # each replay's own k
     text = markdown(summary, replays, plan.get("lines", []))
     (out / "table1.md").write_text(text)
     with (out / "table1.csv").open("w", newline="") as fh:
