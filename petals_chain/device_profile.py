@@ -130,6 +130,11 @@ def device(name: str) -> DeviceProfile:
         raise SpecError(f"unknown device {name!r} (known: {', '.join(sorted(DEVICES))})") from None
 
 
+def device_name(text: object) -> str:
+    """The name of a known device (for option and file validators); SpecError, a ValueError, otherwise."""
+    return device(str(text)).name
+
+
 def emulated_sizes(max_length: int = PAPER_TESTBED_CACHE_TOKENS) -> tuple[int, int]:
     """(s_m, s_c) in bytes of the emulated model (LLaMA-2-7B in fp16, s_c for ``max_length`` tokens): the units an
     emulated server counts its memory in, whatever small model it computes with."""

@@ -139,33 +139,35 @@ def fitted_servers(testbed: Any, job: tuple[float, float], k: float, config: Con
     return out
 
 
-def preflight(config: Config, testbed: Any, setup: Any, plan: ReplayPlan, k: float) -> dict[str, Any]:
-    """Session slots against the offered concurrency, and each server's emulated τp(b) against the composer's."""
+def preflight(config: Config, testbed: Any, setup: Any, plan: ReplayPlan, k: float,
+              servers: Sequence[Any] | None = None) -> dict[str, Any]:
+    """Session slots against the offered concurrency, and each server's emulated τp(b) against the composer's
+    (``servers``: the configuration's fitted_servers, when the caller has them already)."""
+    from petals_chain.compose.capacity import slots_left
     from petals_chain.compose.petals_default import DEFAULT_CACHE_JOBS
     from petals_chain.launch.live_methods import petals_num_blocks, plan_method
 
     job = (float(plan.input_tokens.mean()), float(plan.output_tokens.mean()))
-    servers = fitted_servers(testbed, job, k, config)
+    servers = list(servers) if servers is not None else fitted_servers(testbed, job, k, config)
     rate = plan.replay_rate_per_s
     out: dict[str, Any] = {"config": config.name, "rate_per_s_native": rate * k,
                            "replayed_rate_per_s_native": plan.trace_rate_per_s}
+    # PETALS and BPRR route per request, mostly whole-model hops here: the servers' mean whole-model job, native
+    whole_model_s = float(np.mean([s.tau_c_s + s.tau_p_s * setup.num_blocks for s in servers])) / k
     if config.method == "petals":
         m = petals_num_blocks([s.spec for s in servers], setup.spec)
         slots = DEFAULT_CACHE_JOBS * sum(1 for mj in m if mj > 0)
-        # a request served whole by the fastest-answering servers: one hop per whole-model span
-        service = float(np.mean([s.tau_c_s + s.tau_p_s * setup.num_blocks for s in servers]))
-        out |= {"slots": slots, "service_s": service / k, "spans": dict(zip([s.name for s in servers], m))}
+        out |= {"slots": slots, "service_s": whole_model_s, "spans": dict(zip([s.name for s in servers], m))}
     elif config.method == "bprr":  # routes per request over its placement: slots by the block-cut bound
         comp = plan_method(config.method, servers, setup.spec, rate)
         per = {}
         for j, spec in enumerate(comp.servers):
             if comp.placement.hosts(j):
                 a, b = comp.placement.span(j)
-                free = spec.memory_bytes - (b - a) * setup.spec.block_bytes
-                per[j] = (a, b, int(free // (setup.spec.cache_bytes * (b - a))))
+                jobs = slots_left(spec.memory_bytes, setup.spec.block_bytes, setup.spec.cache_bytes, b - a) // (b - a)
+                per[j] = (a, b, jobs)
         slots = min(sum(n for a, b, n in per.values() if a <= blk < b) for blk in range(setup.num_blocks))
-        service = float(np.mean([s.tau_c_s + s.tau_p_s * setup.num_blocks for s in servers])) / k
-        out |= {"slots": slots, "service_s": service, "c": int(comp.c),
+        out |= {"slots": slots, "service_s": whole_model_s, "c": int(comp.c),
                 "jobs_per_server": {comp.servers[j].name: n for j, (a, b, n) in per.items()},
                 "spans": {comp.servers[j].name: [a, b] for j, (a, b, n) in per.items()}}
     else:
@@ -183,7 +185,9 @@ def preflight(config: Config, testbed: Any, setup: Any, plan: ReplayPlan, k: flo
     for s, t in zip(testbed.servers, servers):
         d = device(s.device).dilated(k)
         bs = [1, 2, 4, 8, 16] if config.batching else [1, 2, 4]
-        emulated = [d.job_s(*job, b) / d.job_s(*job, 1) if config.batching else float(b) for b in bs]
+        # what the device does with b sessions: batched on a batching server, one after another on the others
+        table = d.batch_slowdown(*job, bs[-1]) if config.batching else tuple(map(float, range(1, bs[-1] + 1)))
+        emulated = [table[b - 1] for b in bs]
         composer = [t.spec.step_factor(b) for b in bs]
         taus.append({"server": s.name, "device": s.device, "tau_p_ms_native": 1e3 * t.tau_p_s / k, "b": bs,
                      "emulated_g": [round(g, 3) for g in emulated], "composer_g": [round(g, 3) for g in composer]})
@@ -209,19 +213,6 @@ def replay_paths(out: Path, config: str, r: int) -> tuple[Path, Path]:
     """Where replay r of a configuration is kept (details JSON, per-request CSV)."""
     base = out / "replays" / f"{config}-r{r}"
     return base.with_suffix(".json"), base.parent / f"{base.name}_requests.csv"
-
-
-def write_records(path: Path, records: Sequence[Any]) -> Path:
-    """The replay's per-request records (dilated seconds, as measured) as CSV."""
-    import csv
-    from dataclasses import asdict
-
-    rows = [asdict(r) for r in records]
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 def device_validity(log_dir: Path) -> dict[str, Any]:
@@ -254,6 +245,7 @@ def run_one(config: Config, r: int, args: argparse.Namespace, launch: Any, setup
             prompts: list[np.ndarray], log: Callable[[str], None]) -> dict[str, Any]:
     """Start the configuration's swarm, replay, stop it; write and return the replay's details."""
     from petals_chain.experiments.limit import distance_to_limit
+    from petals_chain.experiments.table1_report import write_requests_csv
     from petals_chain.launch.live_methods import LiveMethod
     from petals_chain.launch.swarm_procs import MethodError, TestbedSwarm
 
@@ -265,7 +257,7 @@ def run_one(config: Config, r: int, args: argparse.Namespace, launch: Any, setup
     js, csv_path = replay_paths(args.out, config.name, r)
     js.parent.mkdir(parents=True, exist_ok=True)
     try:
-        pf = preflight(config, launch.testbed, setup, plan, k)
+        pf = preflight(config, launch.testbed, setup, plan, k, servers)
     except InfeasibleError as exc:  # as in the simulator: the method cannot serve this cluster at this rate
         details = {"config": config.name, "method": config.method, "round": r, "status": "infeasible",
                    "error": str(exc), "valid": False}
@@ -286,7 +278,7 @@ def run_one(config: Config, r: int, args: argparse.Namespace, launch: Any, setup
         info = live.start()
         log(f"[{config.name} r{r}] ready after {info.startup_s:.0f} s; replaying {plan.n} requests "
             f"over {plan.arrival_s[-1]:.0f} s")
-        for p in (swarm.device_log_dir or log_dir).glob("*.csv"):  # the warm-up's steps are not the replay's
+        for p in swarm.device_log_dir.glob("*.csv"):  # the warm-up's steps are not the replay's
             p.write_text(p.read_text().splitlines(keepends=True)[0])
         res = replay(config.name, live.client.serve, plan, prompts, drain_timeout_s=DRAIN_NATIVE_S * k,
                      progress=_progress_printer(config.name, r, plan.n, log))
@@ -306,7 +298,7 @@ def run_one(config: Config, r: int, args: argparse.Namespace, launch: Any, setup
                 "errors": sorted({rec.error for rec in res.records if rec.error})[:5]}
     if METHODS[config.method].routing is Routing.JFFC and live.info.chains:
         details["limit"] = distance_to_limit(res.records, live.info.chains).as_json()
-    write_records(csv_path, res.records)
+    write_requests_csv(csv_path, res.records)  # dilated seconds, as measured
     js.write_text(json.dumps(details, indent=1, default=float) + "\n")
     kept = f"device time kept on {100 * validity['valid_share']:.2f} % of {validity['steps']} steps"
     if details["valid"]:

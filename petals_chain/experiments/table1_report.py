@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +15,7 @@ import numpy as np
 from petals_chain.compose.method_table import METHODS
 from petals_chain.experiments.common import mean_ci
 from petals_chain.experiments.limit import LimitCheck, plot_limits
-from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, check_littles_law
+from petals_chain.experiments.replay import METRICS, ReplayPlan, ReplayResult, RequestRecord, check_littles_law
 
 # The paper's Table 1 columns (methods of METHODS) and ``paper``: the paper's own scheme (Algorithm 1 at c = 35, the
 # paper's "proposed" column) next to petals_chain's default ``proposed``.
@@ -54,6 +54,17 @@ def improvement_pct(value: float, petals: float) -> float:
 # ---- outputs ---------------------------------------------------------------------------------------------------
 
 
+def write_requests_csv(path: Path, records: Sequence[RequestRecord]) -> Path:
+    """Per-request records as CSV, one column per field (empty file when there are none)."""
+    rows = [asdict(r) for r in records]
+    with path.open("w", newline="") as fh:
+        if rows:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return path
+
+
 def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], results: dict[str, ReplayResult],
                   plan: ReplayPlan, infos: dict[str, dict[str, Any]], command: str) -> dict[str, Path]:
     """results/STEM.csv (measured next to paper), STEM.md, STEM.png, STEM_details.json, STEM_requests.csv and
@@ -77,13 +88,8 @@ def write_outputs(out_dir: Path, stem: str, stats: dict[str, dict[str, float]], 
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    paths["requests"] = out_dir / f"{stem}_requests.csv"
-    recs = [asdict(r) for res in results.values() for r in res.records]
-    with paths["requests"].open("w", newline="") as fh:
-        if recs:
-            w = csv.DictWriter(fh, fieldnames=list(recs[0]))
-            w.writeheader()
-            w.writerows(recs)
+    paths["requests"] = write_requests_csv(out_dir / f"{stem}_requests.csv",
+                                           [r for res in results.values() for r in res.records])
     paths["samples"] = out_dir / f"{stem}_samples.csv"  # the monitor's in-flight counts: Little's law can be redone
     with paths["samples"].open("w", newline="") as fh:
         w = csv.writer(fh)
@@ -210,8 +216,6 @@ def plot(path: Path, stats: dict[str, dict[str, float]], results: dict[str, Repl
 def _read_saved(out_dir: Path, stem: str) -> tuple[dict[str, Any], dict[str, list], dict[str, list]]:
     """STEM_details.json, the request records per method (STEM_requests.csv) and the in-flight samples per method
     (STEM_samples.csv) of a finished replay."""
-    from petals_chain.experiments.replay import RequestRecord
-
     saved = json.loads((out_dir / f"{stem}_details.json").read_text())
     kinds = {f.name: f.type for f in RequestRecord.__dataclass_fields__.values()}
     casts = {"int": int, "float": float, "str": str, "bool": lambda v: v == "True"}

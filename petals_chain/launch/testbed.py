@@ -126,6 +126,7 @@ def parse_testbed(raw: Any, where: str = "testbed", base: Path | None = None, na
         rtts, seed = _ripe_rtts(f"{where}: latency.ripe_atlas", doc, len(names)), doc.latency.ripe_atlas.seed
         source = "ripe_atlas"
     servers, gpus = [], []
+    k = doc.emulation.time_dilation if doc.emulation is not None else 1.0  # emulated devices: round trips × k
     if doc.gpus is not None:
         slices = []
         for gpu in doc.gpus:
@@ -135,7 +136,6 @@ def parse_testbed(raw: Any, where: str = "testbed", base: Path | None = None, na
         for nm, rtt, (index, prof, start) in zip(names, rtts, slices):
             servers.append(TestbedServer(nm, "mig", prof.memory_bytes, rtt, 1.0, index, prof.name, start))
     else:
-        k = doc.emulation.time_dilation if doc.emulation is not None else 1.0
         for nm, rtt, cpu in zip(names, rtts, doc.cpu_servers):
             servers.append(TestbedServer(nm, "cpu", cpu.memory_bytes, rtt * (k if cpu.device else 1.0),
                                          cpu.speed_factor, device=cpu.device))
@@ -143,8 +143,7 @@ def parse_testbed(raw: Any, where: str = "testbed", base: Path | None = None, na
     model = ModelSpec(m.blocks, m.block_size, m.cache_size, name=m.name)
     trace = TraceSpec(doc.trace.path, doc.trace.requests) if doc.trace is not None else None
     return Testbed(doc.name or name or "testbed", None, model, m.path, tuple(servers), tuple(gpus), source, seed,
-                   doc.latency.method, trace, doc.net.subnet, doc.net.port,
-                   doc.emulation.time_dilation if doc.emulation is not None else 1.0)
+                   doc.latency.method, trace, doc.net.subnet, doc.net.port, k)
 
 
 def _ripe_rtts(where: str, doc: TestbedFile, n_servers: int) -> list[float]:

@@ -45,6 +45,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BeforeValidator, Field, PlainValidator, StrictStr, ValidationInfo, model_validator
 
 from petals_chain.data import DataDirError, data_dir
+from petals_chain.device_profile import device_name
 from petals_chain.launch import mig_profiles
 from petals_chain.schema import (
     FieldError,
@@ -194,13 +195,6 @@ class GpuEntry(FileModel):
         return product, tuple(wanted), tuple(starts)
 
 
-def _device_name(value: Any) -> str:
-    """A device of petals_chain.device_profile (ValueError listing the known ones)."""
-    from petals_chain.device_profile import device
-
-    return device(str(value)).name
-
-
 class CpuServer(FileModel):
     """One CPU stand-in: a memory budget and a speed factor (1 = the fastest kind), or an emulated ``device`` whose
     step times it keeps and whose memory it counts in (server/device_clock.py); a budget given beside a device
@@ -209,7 +203,7 @@ class CpuServer(FileModel):
     name: Name | None = None
     memory_budget: Size | None = None
     speed_factor: SpeedFactor = 1.0
-    device: Annotated[str, PlainValidator(_device_name)] | None = None
+    device: Annotated[str, PlainValidator(device_name)] | None = None
 
     @model_validator(mode="after")
     def _sized(self) -> CpuServer:

@@ -23,6 +23,7 @@ from typing import Any
 from petals_chain import defaults
 from petals_chain.cli_args import (EXIT_BAD_INPUT, OneLineParser, add_token_option, checked_text, duration_range,
                                    count_arg, float_arg, positive_int_arg, token_files, warn_token_flags)
+from petals_chain.device_profile import device_name
 from petals_chain.model import SpecError
 from petals_chain.server.petals_options import add_petals_options, petals_server_kwargs
 from petals_chain.units import parse_size
@@ -126,7 +127,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "costs one more forward every N batches and scratch caches; default 0 (off)")
     e = p.add_argument_group("an emulated device (docs/testbed.md, \"Emulated devices\")")
     e.add_argument("--emulate-device", default=os.environ.get("PETALS_CHAIN_DEVICE", "") or None, metavar="NAME",
-                   type=checked_text(_device_name, "device name"),
+                   type=checked_text(device_name, "device name"),
                    help="compute every step on this checkpoint, then wait until the named device's time for it has "
                         "passed (petals_chain.device_profile: h100, a100-3g.40gb, a100-2g.20gb); memory and cache are "
                         "counted in the units of the model that device serves (LLaMA-2-7B); default: env "
@@ -139,13 +140,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="INFO")
     add_petals_options(p)
     return token_files(p.parse_args(argv), "--token")
-
-
-def _device_name(text: str) -> str:
-    """A device of petals_chain.device_profile (ValueError listing the known ones)."""
-    from petals_chain.device_profile import device
-
-    return device(text).name
 
 
 def _positive_int_or_auto(text: str) -> int | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from petals_chain.experiments.table1_emulated import write_records
 from petals_chain.experiments.replay import RequestRecord
+from petals_chain.experiments.table1_report import write_requests_csv
 from petals_chain.experiments.table1_emulated_report import load_replays, report, summarize
 
 K = 4.0
@@ -21,7 +21,7 @@ def _replay(out: Path, config: str, r: int, responses: list[float], *, valid: bo
                           "not finished" if i in censored else "", censored=i in censored)
             for i, x in enumerate(responses)]
     (out / "replays").mkdir(parents=True, exist_ok=True)
-    write_records(out / "replays" / f"{config}-r{r}_requests.csv", recs)
+    write_requests_csv(out / "replays" / f"{config}-r{r}_requests.csv", recs)
     details = {"config": config, "round": r, "status": "ran", "time_dilation": K, "valid": valid,
                "validity": {"valid_share": 0.995 if valid else 0.9, "steps": 100}, "loadavg_1m": [0.5, 0.7]}
     (out / "replays" / f"{config}-r{r}.json").write_text(json.dumps(details))

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from petals_chain.checkpoint.tiny_llama import write_tiny_llama
+from petals_chain.checkpoint.tiny_llama import NAME, write_tiny_llama
 from petals_chain.device_profile import device, emulated_sizes
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / ".cache" / "models" / "tiny-llama-32x16"
+TINY = REPO / ".cache" / "models" / NAME
 MAX_LENGTH = 256
 K = 2.0
 PROMPTS = [[5, 17, 99, 3, 250], list(range(40, 101)), [7] * 12]
