@@ -24,7 +24,7 @@ SOURCE = Path(__file__).resolve().parents[1] / ROOT_PACKAGE
 ROOT_NODE = "<root>"  # petals_chain/__init__.py itself
 
 LIBRARY = frozenset({
-    "model", "units", "schema", "defaults", "service_time", "device_profile", "model_shapes", "cli_args",
+    "model", "units", "schema", "defaults", "declared", "service_time", "device_profile", "model_shapes", "cli_args",
     "compose", "dispatch", "analysis", "sim", "mell", "moldable", "torta", "data", "checkpoint", "kernels",
 })
 LIVE = frozenset({"orchestrator", "server", "client", "loopback", "launch", "protocol"})
@@ -184,3 +184,63 @@ def test_no_cycle_among_top_level_packages() -> None:
     """No two top-level packages import each other, directly or through others."""
     reports = _cycles(_graph())
     assert not reports, "\n".join(reports)
+
+
+MEET_ONLY_IN_PROTOCOL = frozenset({"client", "server", "orchestrator"})
+
+
+def test_client_server_and_orchestrator_meet_only_in_protocol() -> None:
+    """The three live processes share wire types through ``protocol/`` alone: none imports another's package."""
+    bad = [str(a) for a in arrows() if a.source in MEET_ONLY_IN_PROTOCOL and a.target in MEET_ONLY_IN_PROTOCOL]
+    assert not bad, "client, server and orchestrator import each other (share it through protocol/):\n  " + \
+        "\n  ".join(bad)
+
+
+def test_nothing_live_imports_the_simulator() -> None:
+    """The live side runs the policies the simulator runs (dispatch/, kernels/, mell/, torta/), never the simulator."""
+    bad = [str(a) for a in arrows() if LAYERS.get(a.source) == "live" and a.target == "sim"]
+    assert not bad, "live package imports the simulator:\n  " + "\n  ".join(bad)
+
+
+def _every_import(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a module, ``if TYPE_CHECKING:`` ones included (a type-only import back into a
+    module is still a circle in the design: helpers are handed what they need, typed by a Protocol of their own)."""
+    yield from (node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)))
+
+
+@cache
+def module_graph() -> nx.DiGraph:
+    """Module → module imports inside ``petals_chain`` (a package's own ``__init__`` not counted as a target of its
+    submodules), each edge keeping the first line that makes it."""
+    graph = nx.DiGraph()
+    for path in sorted(SOURCE.rglob("*.py")):
+        importer = _module_name(path)
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in _every_import(ast.parse(text, filename=str(path))):
+            for target in _targets(node, importer, path.name == "__init__.py"):
+                if target == importer or target not in _modules() or importer.startswith(target + "."):
+                    continue
+                if not graph.has_edge(importer, target):
+                    where = f"{path.relative_to(SOURCE.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}"
+                    graph.add_edge(importer, target, where=where)
+    return graph
+
+
+def test_no_file_level_circle() -> None:
+    """No two modules import each other, directly or through others, type-only imports included."""
+    graph = module_graph()
+    reports = []
+    for component in nx.strongly_connected_components(graph):
+        if len(component) > 1:
+            cycle = nx.find_cycle(graph.subgraph(component))
+            shown = "\n    ".join(f"{a} -> {b}  ({graph.edges[a, b]['where']})" for a, b in cycle)
+            reports.append(f"circle among {sorted(component)}, e.g.:\n    {shown}")
+    assert not reports, "\n".join(reports)
+
+
+def test_module_graph_is_read() -> None:
+    """The module graph sees the engine's imports (a reader that found none would pass the circle test vacuously)."""
+    graph = module_graph()
+    assert graph.has_edge("petals_chain.orchestrator.engine.core", "petals_chain.orchestrator.leasing.leases")
+    assert graph.has_edge("petals_chain.orchestrator.http.api", "petals_chain.orchestrator.engine.core")

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, str] = {
     "server-step": "petals_chain.bench.server_step",
     "server": "petals_chain.bench.server",
     "server-prefill": "petals_chain.bench.server_prefill",
+    "ab": "petals_chain.bench.ab",
 }
 
 

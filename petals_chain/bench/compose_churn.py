@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.model import ServerSpec
-from petals_chain.orchestrator.chains import total_rate_per_s
-from petals_chain.orchestrator.composition import CompositionPolicy
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.engine.chains import total_rate_per_s
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
 
 
 @dataclass(frozen=True)

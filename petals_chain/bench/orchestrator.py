@@ -36,7 +36,7 @@ from petals_chain.kernels.dispatch_rules import jffc_arrival, jffc_release, spee
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
 from petals_chain.orchestrator import event_loop
 from petals_chain.orchestrator.event_loop import DEFAULT_LOOP, LOOPS
-from petals_chain.orchestrator.exposure import self_signed_pair
+from petals_chain.orchestrator.http.exposure import self_signed_pair
 
 MODEL = ModelSpec(num_blocks=32, block_bytes=0.4e9, cache_bytes=0.05e9, name="bench-32")
 
@@ -66,12 +66,12 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
     """Child process: an orchestrator with the synthetic composition on 127.0.0.1:<free port>, its state kept in
     ``state_db`` when given (as --state-dir does); HTTPS with ``tls`` = (cert, key); on event loop ``loop``."""
     from petals_chain.compose.method_table import paper_composition
-    from petals_chain.orchestrator.api import build_app, serve
-    from petals_chain.orchestrator.composition import CompositionPolicy
-    from petals_chain.orchestrator.config import OrchestratorConfig
-    from petals_chain.orchestrator.core import Orchestrator
-    from petals_chain.orchestrator.exposure import server_tls
-    from petals_chain.orchestrator.registry import Registry
+    from petals_chain.orchestrator.http.api import build_app, serve
+    from petals_chain.orchestrator.engine.composition import CompositionPolicy
+    from petals_chain.orchestrator.engine.config import OrchestratorConfig
+    from petals_chain.orchestrator.engine.core import Orchestrator
+    from petals_chain.orchestrator.http.exposure import server_tls
+    from petals_chain.orchestrator.state.registry import Registry
 
     comp = synthetic_composition(num_chains, np.random.default_rng(seed))
     registry = Registry(MODEL)
@@ -83,8 +83,8 @@ def _serve_child(num_chains: int, seed: int, conn: Any, state_db: str | None = N
         """Open the store and restore from it on the loop (restored waiters need it), then serve."""
         state = None
         if state_db is not None:
-            from petals_chain.orchestrator.persist import Persistence
-            from petals_chain.orchestrator.store import StateStore
+            from petals_chain.orchestrator.state.persist import Persistence
+            from petals_chain.orchestrator.state.store import StateStore
 
             sync, _, unbatched = mode.partition("-")
             state = Persistence(StateStore(state_db, synchronous=sync), group_commit=not unbatched)
@@ -258,8 +258,8 @@ def jffc_old_vs_new(sizes: Sequence[int], pairs: int, seed: int) -> list[dict[st
 
 async def _lease_manager_us(comp: Composition, pairs: int) -> float:
     """µs per acquire+release round trip in the LeaseManager itself (no HTTP)."""
-    from petals_chain.orchestrator.chains import chain_infos
-    from petals_chain.orchestrator.leases import LeaseManager
+    from petals_chain.orchestrator.engine.chains import chain_infos
+    from petals_chain.orchestrator.leasing.leases import LeaseManager
 
     lm = LeaseManager()
     lm.set_chains(chain_infos(comp, 1), 1)

@@ -30,9 +30,9 @@ from pathlib import Path
 LEAF = (("JSON encode/decode (stdlib json)", r"json/(encoder|decoder|__init__)\.py"),
         ("logging", r"logging/__init__\.py"),
         ("persistence (sqlite3)", r"sqlite3"))
-OURS = (("credentials (auth middleware, auth.py)", r"orchestrator/auth\.py|_auth_middleware|_authorize "),
+OURS = (("credentials (auth middleware, auth.py)", r"orchestrator/trust/auth\.py|_auth_middleware|_authorize "),
         ("request validation (request_body.py, protocol/parsing.py)",
-         r"orchestrator/request_body\.py|protocol/parsing\.py"),
+         r"orchestrator/http/request_body\.py|protocol/parsing\.py"),
         ("persistence (persist.py, store.py, the wait for the commit)",
          r"orchestrator/(persist|store)\.py"),
         ("the policy call (JFFC)", r"petals_chain/dispatch/"),

@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from petals_chain import defaults
-from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.model import ServerSpec
-from petals_chain.orchestrator.chains import total_rate_per_s
-from petals_chain.orchestrator.composition import CompositionPolicy
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.leases import Lease
-from petals_chain.orchestrator.metrics import cache_slots_by_server
+from petals_chain.orchestrator.engine.chains import total_rate_per_s
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.leasing.leases import Lease
+from petals_chain.orchestrator.engine.metrics import cache_slots_by_server
 from petals_chain.protocol.requests import HeartbeatBody, RegisterBody, SpanBody
 
 
@@ -167,7 +167,8 @@ class SwarmSim:
         self.joined += 1
         self.servers[spec.name] = FakeServer(spec)
         self.background(self.orch.register(RegisterBody(name=spec.name, memory_bytes=spec.memory_bytes,
-                                                        tau_p_s=spec.tau_p_s, tau_c_s=spec.tau_c_s)))
+                                                        tau_p_s=spec.tau_p_s, tau_c_s=spec.tau_c_s,
+                                                        max_batch_sessions=defaults.MAX_BATCH_SESSIONS)))
         self.at(self.clock.now + 0.01, "heartbeat", spec.name)
 
     # ---- clients ------------------------------------------------------------------------------------

@@ -8,14 +8,38 @@ so both derive the same s_m and s_c from it (checkpoint.sizing).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-from petals_chain.checkpoint.sizing import ModelDirError, check_model_dir
+from petals_chain.model import SpecError
 
 OFFLINE_VALUES = {"1", "ON", "YES", "TRUE"}
 # What a server or a client needs from a repository: config, weights, tokenizer; never the whole repository.
 CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt")
+
+
+class ModelDirError(SpecError):
+    """A model directory is missing or is not a Hugging Face checkpoint PETALS can serve."""
+
+
+def check_model_dir(path: str | Path) -> Path:
+    """The path of a local checkpoint directory; ModelDirError naming what is missing otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelDirError(f"model directory {str(p)!r} does not exist (run scripts/prepare_model.sh, or give a path)")
+    if not p.is_dir():
+        raise ModelDirError(f"model path {str(p)!r} is a file, not a checkpoint directory")
+    if not (p / "config.json").is_file():
+        raise ModelDirError(f"model directory {str(p)!r} has no config.json: not a Hugging Face checkpoint")
+    weights = list(p.glob("*.safetensors")) + list(p.glob("*.bin"))
+    if not weights:
+        raise ModelDirError(f"model directory {str(p)!r} has no *.safetensors or *.bin weights")
+    try:
+        json.loads((p / "config.json").read_text())
+    except ValueError as exc:
+        raise ModelDirError(f"{p / 'config.json'} is not valid JSON: {exc}") from None
+    return p.resolve()
 
 
 def hub_offline() -> bool:

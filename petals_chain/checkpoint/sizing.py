@@ -8,7 +8,6 @@ from here. The model is a directory or a Hugging Face repository name (checkpoin
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -17,16 +16,13 @@ from pathlib import Path
 from petals_chain import defaults
 from petals_chain.checkpoint.quant import DTYPE_BYTES, block_param_bytes, check_quant_type, count_block_params
 from petals_chain.compose.capacity import slots_left
+from petals_chain.checkpoint.resolve import ModelDirError, resolve_model
 from petals_chain.model import ModelSpec, SpecError
 from petals_chain.units import UnitError, parse_size
 
 DTYPE_CHOICES = ("auto", *DTYPE_BYTES)  # "auto": the checkpoint's own dtype, bfloat16 for float32 ones (as PETALS)
 MIN_PLAUSIBLE_BUDGET_BYTES = 1e6  # under 1 MB is a typo (missing unit), not a server
 MAX_PLAUSIBLE_BUDGET_BYTES = defaults.MAX_MEMORY_BYTES  # the same limit the orchestrator's registry applies
-
-
-class ModelDirError(SpecError):
-    """A model directory is missing or is not a Hugging Face checkpoint PETALS can serve."""
 
 
 @dataclass(frozen=True)
@@ -83,25 +79,6 @@ class BlockSizes:
         return int(defaults.CUDA_CONTEXT_BYTES + activations)
 
 
-def check_model_dir(path: str | Path) -> Path:
-    """The path of a local checkpoint directory; ModelDirError naming what is missing otherwise."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelDirError(f"model directory {str(p)!r} does not exist (run scripts/prepare_model.sh, or give a path)")
-    if not p.is_dir():
-        raise ModelDirError(f"model path {str(p)!r} is a file, not a checkpoint directory")
-    if not (p / "config.json").is_file():
-        raise ModelDirError(f"model directory {str(p)!r} has no config.json: not a Hugging Face checkpoint")
-    weights = list(p.glob("*.safetensors")) + list(p.glob("*.bin"))
-    if not weights:
-        raise ModelDirError(f"model directory {str(p)!r} has no *.safetensors or *.bin weights")
-    try:
-        json.loads((p / "config.json").read_text())
-    except ValueError as exc:
-        raise ModelDirError(f"{p / 'config.json'} is not valid JSON: {exc}") from None
-    return p.resolve()
-
-
 def check_dtype(dtype: str) -> str:
     """A serving dtype name this module knows the width of."""
     if dtype not in DTYPE_BYTES:
@@ -153,8 +130,6 @@ def parse_reserve(text: str) -> float:
 def load_config(model_dir: str | Path):
     """The PETALS distributed config of a checkpoint directory or repository name (block class, layers, widths)."""
     from petals.utils.auto_config import AutoDistributedConfig
-
-    from petals_chain.checkpoint.resolve import resolve_model
 
     path = resolve_model(model_dir)
     try:

@@ -10,9 +10,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pydantic import ConfigDict, Field, field_validator
 
 from petals_chain import defaults
+from petals_chain.declared import Declared
 from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
 from petals_chain.moldable.width_range import check_width
@@ -23,44 +26,89 @@ from petals_chain.protocol.replies import LeaseInfo
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LeaseOptions:
+class LeaseOptions(Declared):
     """How sessions lease: wait at most timeout_s in the queue, TTL of a lease, a label for the orchestrator."""
 
-    timeout_s: float = defaults.LEASE_WAIT_S
-    ttl_s: float = defaults.LEASE_TTL_S
-    client: str | None = None
-    max_failovers: int = 8  # per step: more failed chains than this and the step raises FailoverError
-    reload_wait_s: float = 120.0  # how long a session waits for a server of its chain to finish loading its span
-    move_check_s: float = 0.5  # at a step boundary, ask whether to move (a renew) when the last ask is this old
-    move_link_bytes: float = math.inf  # per move, bytes of KV cache the link may carry (0: never KV transfer)
-    move_prefill_tokens: int = 1 << 30  # per move, tokens the new chain may re-prefill (0: never token replay)
-    move_rule: str = "fastest"  # how a move's mode is picked among those within budget (mell.hybrid.RULES)
-    move_speeds: Speeds = field(default_factory=Speeds)  # the profile the 'fastest' rule estimates times from
-    k_max: int | None = None  # decode speculatively, at most k_max positions per step; the lease says how many
-    emulated_rtt_s: float = 0.0  # speculative sessions wait this long before each hop (a WAN on loopback)
+    OWNER: ClassVar[str] = "lease option"
 
-    def __post_init__(self) -> None:
-        if self.k_max is not None:
-            check_width(self.k_max, "k_max")
-        if not (isinstance(self.emulated_rtt_s, (int, float)) and 0 <= self.emulated_rtt_s < 60):
-            raise SpecError(f"lease option 'emulated_rtt_s' must be a number of seconds in [0, 60), got "
-                            f"{self.emulated_rtt_s!r}")
-        for name in ("timeout_s", "ttl_s", "reload_wait_s", "move_check_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise SpecError(f"lease option '{name}' must be > 0 seconds, got {v!r}")
-        if not (isinstance(self.max_failovers, int) and self.max_failovers >= 0):
-            raise SpecError(f"lease option 'max_failovers' must be an integer >= 0, got {self.max_failovers!r}")
-        if not (isinstance(self.move_link_bytes, (int, float)) and self.move_link_bytes >= 0):
-            raise SpecError(f"lease option 'move_link_bytes' must be >= 0, got {self.move_link_bytes!r}")
-        if not (isinstance(self.move_prefill_tokens, int) and self.move_prefill_tokens >= 0):
-            raise SpecError(f"lease option 'move_prefill_tokens' must be an integer >= 0, got "
-                            f"{self.move_prefill_tokens!r}")
-        if self.move_rule not in RULES:
-            raise SpecError(f"lease option 'move_rule' must be one of {RULES}, got {self.move_rule!r}")
-        if not isinstance(self.move_speeds, Speeds):
-            raise SpecError(f"lease option 'move_speeds' must be a mell.hybrid.Speeds, got {self.move_speeds!r}")
+    timeout_s: float = defaults.LEASE_WAIT_S
+    """How long a lease request waits in the orchestrator's queue."""
+    ttl_s: float = defaults.LEASE_TTL_S
+    """A lease's time to live; the keeper renews it every ttl/3."""
+    client: str | None = None
+    """A label the orchestrator shows for this client's leases."""
+    max_failovers: int = 8
+    """Per step: more failed chains than this and the step raises FailoverError."""
+    reload_wait_s: float = 120.0
+    """How long a session waits for a server of its chain to finish loading its span."""
+    move_check_s: float = 0.5
+    """At a step boundary, ask whether to move (a renew) when the last ask is this old."""
+    move_link_bytes: float = math.inf
+    """Per move, bytes of KV cache the link may carry (0: never KV transfer)."""
+    move_prefill_tokens: int = 1 << 30
+    """Per move, tokens the new chain may re-prefill (0: never token replay)."""
+    move_rule: str = "fastest"
+    """How a move's mode is picked among those within budget (mell.hybrid.RULES)."""
+    move_speeds: Any = Field(default_factory=Speeds)
+    """The profile the 'fastest' rule estimates times from (a mell.hybrid.Speeds)."""
+    k_max: int | None = None
+    """Decode speculatively, at most k_max positions per step; the lease says how many."""
+    emulated_rtt_s: float = 0.0
+    """Speculative sessions wait this long before each hop (a WAN on loopback)."""
+
+    model_config = ConfigDict(**{**Declared.model_config, "allow_inf_nan": True})  # move_link_bytes may be inf
+
+    @field_validator("timeout_s", "ttl_s", "reload_wait_s", "move_check_s", mode="before")
+    @classmethod
+    def _positive_seconds(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError("must be > 0 seconds")
+        return float(value)
+
+    @field_validator("max_failovers", "move_prefill_tokens", mode="before")
+    @classmethod
+    def _count(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError("must be an integer >= 0")
+        return value
+
+    @field_validator("move_link_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise ValueError("must be >= 0")
+        return float(value)
+
+    @field_validator("emulated_rtt_s", mode="before")
+    @classmethod
+    def _rtt(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 60:
+            raise ValueError("must be a number of seconds in [0, 60)")
+        return float(value)
+
+    @field_validator("move_rule")
+    @classmethod
+    def _rule(cls, value: str) -> str:
+        if value not in RULES:
+            raise ValueError(f"must be one of {RULES}")
+        return value
+
+    @field_validator("move_speeds")
+    @classmethod
+    def _speeds(cls, value: Any) -> Speeds:
+        if not isinstance(value, Speeds):
+            raise ValueError("must be a mell.hybrid.Speeds")
+        return value
+
+    @field_validator("k_max")
+    @classmethod
+    def _k_max(cls, value: int | None) -> int | None:
+        if value is not None:
+            try:
+                check_width(value, "k_max")
+            except SpecError as exc:  # its wording, without the owner and value our base adds
+                raise ValueError(str(exc).removeprefix("k_max: ").rsplit(", got ", 1)[0]) from None
+        return value
 
 
 class LeaseKeeper:

@@ -24,7 +24,7 @@ from petals_chain.mell.state import Move
 from petals_chain.protocol.replies import LeaseInfo
 
 if TYPE_CHECKING:
-    from petals_chain.client.session import LeasedInferenceSession
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,30 @@ __all__ = ["MIGRATORS", "KvTransfer", "MigrationError", "Migrator", "Switch", "T
            "kv_bytes_per_token", "migrator_for"]
 
 
+class MovableSession(Protocol):
+    """What a migrator reads and swaps on a leased session (client/session.py's ``LeasedInferenceSession``; this
+    module does not import it): PETALS' position, sequence manager and server sessions, the manager it was opened
+    with, and every input it stepped."""
+
+    _position: int
+    _sequence_manager: Any
+    _server_sessions: list[Any]
+    _base_manager: Any
+
+    @property
+    def history(self) -> torch.Tensor | None:
+        """Every input stepped so far (replayed on the new chain)."""
+
+    def _exit_server_sessions(self, server_sessions: list[Any]) -> None:
+        """Close server sessions (PETALS' own)."""
+
+
 @dataclass
 class Switch:
     """A session switched to a new chain whose old chain's state is still there: ``commit`` frees the old state once
     the orchestrator took the move, ``rollback`` puts the session back on its old chain and frees the new state."""
 
-    session: LeasedInferenceSession
+    session: MovableSession
     old_sessions: list[Any]
     old_manager: Any
     old_position: int
@@ -66,7 +84,7 @@ class Migrator(Protocol):
 
     mode: Mode
 
-    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
+    def migrate(self, session: MovableSession, lease: LeaseInfo) -> Switch:
         """Carry out the move; afterwards the session's server sessions run along ``lease``."""
         ...
 
@@ -76,7 +94,7 @@ class TokenReplay:
 
     mode = Mode.TOKEN
 
-    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
+    def migrate(self, session: MovableSession, lease: LeaseInfo) -> Switch:
         """Open the new chain's server sessions by replaying the history; the old ones stay open."""
         history = session.history
         switch = Switch(session, session._server_sessions, session._sequence_manager, session._position)
@@ -102,7 +120,7 @@ class KvTransfer:
 
     mode = Mode.KV
 
-    def migrate(self, session: LeasedInferenceSession, lease: LeaseInfo) -> Switch:
+    def migrate(self, session: MovableSession, lease: LeaseInfo) -> Switch:
         """Open the new chain's server sessions holding the session's cache at its position; the old ones stay."""
         switch = Switch(session, session._server_sessions, session._sequence_manager, session._position)
         manager = session._base_manager.with_lease(lease)

@@ -95,7 +95,7 @@ def _local_model(name_or_path: Any) -> Any:
     from pathlib import Path
 
     from petals_chain.checkpoint.resolve import hub_offline, looks_like_path, resolve_model
-    from petals_chain.checkpoint.sizing import check_model_dir
+    from petals_chain.checkpoint.resolve import check_model_dir
 
     if not isinstance(name_or_path, (str, Path)):
         return name_or_path

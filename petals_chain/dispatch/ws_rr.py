@@ -1,7 +1,7 @@
 """BPRR's WS-RR routing (Sun et al., Performance Evaluation 2025) as one clock-agnostic policy over arrays.
 
 Written once; the simulator (:func:`petals_chain.sim.baselines.simulate_bprr`) and the live orchestrator
-(:class:`petals_chain.orchestrator.ws_rr_leases.WsRrLeaseManager`) both drive :class:`WsRr`. Like the chain
+(:class:`petals_chain.orchestrator.leasing.ws_rr.WsRrLeaseManager`) both drive :class:`WsRr`. Like the chain
 policies of this package, it sees only job ids, a placement's route graph and clock values handed in by
 the caller, and every event returns the jobs that *start* because of it; the caller decides what service
 means (a simulated end time, or a lease a client holds).

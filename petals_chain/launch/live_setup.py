@@ -43,7 +43,8 @@ class ModelSetup:
 
 def model_setup(testbed: Testbed, model_dir: str | Path | None = None, dtype: str = DEFAULT_DTYPE) -> ModelSetup:
     """Sizes of the testbed's checkpoint; the job length is the testbed's s_c in tokens of this checkpoint."""
-    from petals_chain.checkpoint.sizing import block_sizes, check_model_dir, load_config
+    from petals_chain.checkpoint.resolve import check_model_dir
+    from petals_chain.checkpoint.sizing import block_sizes, load_config
 
     path = model_dir or testbed.model_path
     if path is None:

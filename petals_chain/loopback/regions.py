@@ -123,7 +123,7 @@ class RegionalSwarm(LocalSwarm):
     def orchestrator_args(self) -> list[str]:
         """The region-aware orchestrator on every address (origins reach it at their gateway), with its DHT."""
         lat_ms = ";".join(",".join(f"{1e3 * x:g}" for x in row) for row in self.latency_s)
-        args = ["-m", "petals_chain.orchestrator.regions_cli", "--regions", ",".join(self.region_names),
+        args = ["-m", "petals_chain.orchestrator.regions", "--regions", ",".join(self.region_names),
                 "--latency-ms", lat_ms, "--policy", self.policy, "--slot-s", str(self.slot_s),
                 "--host", "0.0.0.0", "--port", str(self.port), "--start-dht", "--dht-host-maddrs",
                 f"/ip4/0.0.0.0/tcp/{self.dht_port}", "--model-name", self.model_name,

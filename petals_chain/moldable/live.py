@@ -128,7 +128,7 @@ class WidthPolicy:
     """The width rule over ``units`` width units, without a queue of its own: the measured load (EWMA of the
     inter-arrival times and of the sizes at width 1) and the draw ``min(I, free)``, I from the policy's law.
 
-    The orchestrator (``orchestrator/width_leases.py``) uses it behind its lease queue; :class:`WidthChooser` adds a
+    The orchestrator (``orchestrator/leasing/widths.py``) uses it behind its lease queue; :class:`WidthChooser` adds a
     FIFO for in-process use. All draws from ``rng``.
     """
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -40,30 +39,29 @@ from petals_chain.cli_args import (
     size_range,
 )
 from petals_chain.compose.method_table import Method, Routing, live_method, method_names
+from petals_chain.compose.tuning import CRITERIA
 from petals_chain.model import ModelSpec, ServerSpec, SpecError
 from petals_chain.orchestrator import event_loop
-from petals_chain.orchestrator.auth import Credentials
-from petals_chain.orchestrator.composition import CompositionPolicy
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.exposure import exposure_warnings, server_tls
-from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.migration import MIGRATION_POLICIES, MigratingLeaseManager
-from petals_chain.orchestrator.registry import Registry
-from petals_chain.orchestrator.trust import VERIFY_TIMEOUT_S
+from petals_chain.orchestrator.trust.auth import Credentials
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.http.exposure import exposure_warnings, server_tls
+from petals_chain.orchestrator.leasing.leases import LeaseManager
+from petals_chain.orchestrator.leasing.managers import lease_manager
+from petals_chain.orchestrator.leasing.policies import LEASE_POLICIES
+from petals_chain.orchestrator.state.registry import Registry
+from petals_chain.orchestrator.trust.belief import VERIFY_TIMEOUT_S
 from petals_chain.moldable.live import POLICIES, WIDTH_METHODS
-from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
 from petals_chain.protocol.auth import ROLE_ENV, SHARED_ENV
 from petals_chain.protocol.limits import MAX_TTL_S
 
 if TYPE_CHECKING:
-    from petals_chain.orchestrator.core import Orchestrator
-    from petals_chain.orchestrator.persist import Persistence
-    from petals_chain.orchestrator.trust import Trust
-    from petals_chain.orchestrator.width_leases import LeaseWidths
+    from petals_chain.orchestrator.engine.core import Orchestrator
+    from petals_chain.orchestrator.state.persist import Persistence
+    from petals_chain.orchestrator.trust.belief import Trust
+    from petals_chain.orchestrator.leasing.widths import LeaseWidths
 
 TOKEN_ENV = SHARED_ENV
-LEASE_MANAGERS: dict[Routing, Callable[..., LeaseManager]] = {Routing.JFFC: MigratingLeaseManager,
-                                                              Routing.WS_RR: WsRrLeaseManager}
 TOKEN_FLAGS = ("--token", "--client-token", "--server-token", "--operator-token")  # each with its -file twin
 STATE_DB_FILE = "state.sqlite3"  # in --state-dir
 DHT_IDENTITY_FILE = "dht_identity.key"  # in --state-dir: the DHT node's private key, so its peer id stays
@@ -102,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="servers named in --cluster keep its tau_p_s/tau_c_s (e.g. a profiler's fit) instead of the "
                         "times they measure and report themselves")
     m.add_argument("--c", type=positive_int_arg, default=None, help="fixed reserved concurrency c (default: tuned)")
-    m.add_argument("--tune", default=None, choices=("lower", "upper", "surrogate"),
+    m.add_argument("--tune", default=None, choices=CRITERIA,
                    help="criterion for tuning c (default: the Theorem 3.7 lower bound; for proposed, the bounds and "
                         "the estimated mean)")
     s = p.add_argument_group("service")
@@ -131,7 +129,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a registered server silent this long is marked dead (0 disables)")
     s.add_argument("--max-memory-bytes", type=size_range(gt=0), metavar="SIZE", default=defaults.MAX_MEMORY_BYTES,
                    help="memory budgets above this are rejected as absurd (e.g. 1PB)")
-    s.add_argument("--migration", default="none", choices=MIGRATION_POLICIES,
+    s.add_argument("--migration", default="none", choices=LEASE_POLICIES.names("migration"),
                    help="move running sessions between chains: 'jffc' moves the slowest busy chain's session to a "
                         "faster chain's freed slot (JFFC with migration); drains work either way (default none)")
     s.add_argument("--no-repair", action="store_true",
@@ -239,7 +237,7 @@ def registry_and_policy(args: argparse.Namespace, method: Method | None = None,
         arrival_rate=args.arrival_rate if args.arrival_rate is not None else arrival,
         target_load=args.target_load if args.target_load is not None else target,
         c=args.c,
-        tune=args.tune or "lower",
+        **({"tune": args.tune} if args.tune is not None else {}),  # else the policy's own default
     )
     registry = Registry(model, max_memory_bytes=args.max_memory_bytes)
     if planned:
@@ -292,7 +290,7 @@ def assemble(parts: Parts, *, dht_info: Mapping[str, Any] | None = None, trust: 
              state: Persistence | None = None) -> Orchestrator:
     """The orchestrator of ``parts`` with its collaborators (built first: the DHT it runs, the trust layer with its
     verifier, --state-dir's store), planned servers composed."""
-    from petals_chain.orchestrator.core import Orchestrator
+    from petals_chain.orchestrator.engine.core import Orchestrator
 
     config = parts.config if dht_info is None else parts.config.replace(dht_info=dht_info)
     orch = Orchestrator(
@@ -333,7 +331,7 @@ def lease_widths(args: argparse.Namespace, method: Method, policy: CompositionPo
     import numpy as np
 
     from petals_chain.moldable.live import speedup_profile
-    from petals_chain.orchestrator.width_leases import LeaseWidths
+    from petals_chain.orchestrator.leasing.widths import LeaseWidths
 
     measured = speedup_profile(profile)
     gap_s = 1.0 / policy.arrival_rate
@@ -343,19 +341,19 @@ def lease_widths(args: argparse.Namespace, method: Method, policy: CompositionPo
 
 
 def _lease_manager(method: Method, config: OrchestratorConfig) -> Callable[..., LeaseManager]:
-    """The method's lease manager; JFFC's moves sessions by ``--migration``."""
-    if method.routing is Routing.JFFC:
-        return functools.partial(MigratingLeaseManager, migration=config.migration)
-    if config.migration != "none":
-        raise SpecError(f"--migration {config.migration} needs JFFC leases; method {method.name!r} routes otherwise")
-    return LEASE_MANAGERS[method.routing]
+    """The method's lease manager (leasing/managers.py, by the registry's routing policy); JFFC's moves sessions
+    by ``--migration``."""
+    try:
+        return lease_manager(method.routing.value, config.migration)
+    except SpecError as exc:
+        raise SpecError(f"method {method.name!r}: {exc}") from None
 
 
 async def _run(args: argparse.Namespace) -> None:
     """Open the state, start the DHT, build the orchestrator (planned servers composed), restore it, and serve
     until a signal."""
-    from petals_chain.orchestrator.trust import Trust
-    from petals_chain.orchestrator.verify import DhtVerifier
+    from petals_chain.orchestrator.trust.belief import Trust
+    from petals_chain.orchestrator.trust.verify import DhtVerifier
 
     credentials = Credentials.resolve(args.token, client=args.client_token, server=args.server_token,
                                       operator=args.operator_token, metrics_open=args.metrics_open)
@@ -396,7 +394,7 @@ async def _run(args: argparse.Namespace) -> None:
 async def _serve(orch: Orchestrator, method: Method, credentials: Credentials, ssl_context: Any, host: str,
                  port: int) -> None:
     """Serve the orchestrator's API until a signal, printing its address once listening."""
-    from petals_chain.orchestrator.api import build_app, serve
+    from petals_chain.orchestrator.http.api import build_app, serve
 
     registry = orch.registry
 
@@ -414,8 +412,8 @@ async def _serve(orch: Orchestrator, method: Method, credentials: Credentials, s
 
 def open_state(args: argparse.Namespace) -> Persistence:
     """Open (or create) --state-dir's store (on the running event loop); the orchestrator restores from it."""
-    from petals_chain.orchestrator.persist import Persistence
-    from petals_chain.orchestrator.store import StateStore
+    from petals_chain.orchestrator.state.persist import Persistence
+    from petals_chain.orchestrator.state.store import StateStore
 
     if live_method(args.method, orchestrated=True, field="--method").routing is not Routing.JFFC:
         raise SpecError(f"--state-dir: method {args.method} routes each request (WS-RR); only JFFC leases over "

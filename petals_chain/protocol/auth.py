@@ -3,7 +3,7 @@
 A bearer token per role (client, server, operator; or one shared token) sent as ``Authorization: Bearer T``, taken
 from an option or the role's environment variable; a registered server's own secret sent back in
 :data:`SECRET_HEADER` when it registers again. The orchestrator's side (credentials, secrets, the guard) is in
-:mod:`petals_chain.orchestrator.auth`.
+:mod:`petals_chain.orchestrator.trust.auth`.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import os
 import secrets
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -207,9 +208,18 @@ class OrchestratorClient:
     # ---- servers --------------------------------------------------------------------------------
 
     async def register(self, name: str, *, memory_bytes: float, tau_p_s: float, tau_c_s: float,
-                       peer_id: str | None = None, address: str | None = None) -> AssignmentInfo | None:
-        """Register a server with its memory budget and measured times; returns its assignment."""
-        body: dict[str, Any] = {"name": name, "memory_bytes": memory_bytes, "tau_p_s": tau_p_s, "tau_c_s": tau_c_s}
+                       peer_id: str | None = None, address: str | None = None,
+                       max_batch_sessions: int = defaults.MAX_BATCH_SESSIONS,
+                       batch_slowdown: Sequence[float] | None = None,
+                       device: str | None = None) -> AssignmentInfo | None:
+        """Register a server with its memory budget, measured times and what it enforces (the most sessions it
+        batches, its g(b) where known, the device it emulates); returns its assignment."""
+        body: dict[str, Any] = {"name": name, "memory_bytes": memory_bytes, "tau_p_s": tau_p_s, "tau_c_s": tau_c_s,
+                                "max_batch_sessions": max_batch_sessions}
+        if batch_slowdown is not None:
+            body["batch_slowdown"] = [float(g) for g in batch_slowdown]
+        if device is not None:
+            body["device"] = device
         if peer_id is not None:
             body["peer_id"] = peer_id
         if address is not None:

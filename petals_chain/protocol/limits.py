@@ -12,4 +12,5 @@ MAX_LABEL_CHARS = 200  # free-text labels: a client's name, a server's reason fo
 MAX_BLOCK_INDEX = 1_000_000  # no model has a million transformer blocks; the registry checks the real count
 MAX_BODY_BYTES = 64 * 1024  # the largest real body (a registration) is a few hundred bytes; aiohttp answers 413 above
 MAX_DEPTH = 8  # the deepest real body nests 2 levels ({"serving": {"start", "end"}}); deeper is refused before use
+MAX_BATCH_SESSIONS = 4096  # a server batching more sessions per step than this is a typo
 DRAIN_TIMEOUT_S = 120.0  # a drain lets the server leave after this long even if sessions are still on it

@@ -63,9 +63,11 @@ def explain(exc: ValidationError, model: type[Body]) -> BadRequestError:
             allowed = sorted(_submodel(model, keys[:-1]).model_fields)
             parts.append(f"unknown field '{name}' (allowed: {', '.join(allowed) or 'none'})")
         elif err["type"] == "missing":
-            parts.append(f"missing field '{name}'")
+            hint = getattr(model, "MISSING_HINTS", {}).get(name)  # why a current caller always sends it
+            parts.append(f"missing field '{name}'" + (f": {hint}" if hint else ""))
         else:
-            message = err["msg"][:1].lower() + err["msg"][1:]
+            message = err["msg"].removeprefix("Value error, ")
+            message = message[:1].lower() + message[1:]
             parts.append(f"field '{name}'{item}: {message}, got {_short(err.get('input'))}")
     return BadRequestError("; ".join(parts), fields)
 

@@ -6,11 +6,22 @@ what a caller's body must match; the bounds come from :mod:`petals_chain.protoco
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictStr, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from petals_chain.device_profile import device_name
 from petals_chain.mell.hybrid import Mode
+from petals_chain.model import SpecError, check_batch_slowdown
 from petals_chain.protocol.fields import (
     BlockIndex,
     Body,
@@ -23,13 +34,17 @@ from petals_chain.protocol.fields import (
     WaitSeconds,
     Width,
 )
-from petals_chain.protocol.limits import DEFAULT_WAIT_S, DRAIN_TIMEOUT_S
+from petals_chain.protocol.limits import DEFAULT_WAIT_S, DRAIN_TIMEOUT_S, MAX_BATCH_SESSIONS
 
 MOVE_MODES = (Mode.KV.value, Mode.TOKEN.value)  # how a lease holder moved its session, as it reports it
 
 
 class RegisterBody(Body):
-    """POST /servers/register: a server's name, memory budget (bytes) and measured τp, τc (seconds)."""
+    """POST /servers/register: a server's name, memory budget (bytes), measured τp, τc (seconds), and what it
+    enforces: the most sessions it batches in one step and, where it knows them, its step time with b sessions
+    relative to one alone, g(b) for b = 1..max_batch_sessions (an emulated device's, or a profiled one), and the
+    device it emulates. The composition sizes the server's chains with these, so server and orchestrator are never
+    configured separately for the same fact."""
 
     name: ServerName
     memory_bytes: Annotated[StrictFloat, Field(gt=0.0, allow_inf_nan=False)]  # upper bound: the registry's setting
@@ -37,6 +52,41 @@ class RegisterBody(Body):
     tau_c_s: NonNegativeSeconds
     peer_id: Handle | None = None
     address: Handle | None = None
+    max_batch_sessions: Annotated[StrictInt, Field(ge=1, le=MAX_BATCH_SESSIONS)]
+    batch_slowdown: tuple[Annotated[StrictFloat, Field(ge=1.0, le=MAX_BATCH_SESSIONS, allow_inf_nan=False)], ...] \
+        | None = None
+    device: Annotated[StrictStr, Field(min_length=1, max_length=64)] | None = None
+
+    # a registration without it comes from a server older than this orchestrator: said so, never composed for
+    # limits it did not state
+    MISSING_HINTS: ClassVar[dict[str, str]] = {
+        "max_batch_sessions": "the server runs an older petals_chain that does not tell the orchestrator how many "
+                              "sessions it batches; upgrade petals_chain on it"}
+
+    @field_validator("batch_slowdown")
+    @classmethod
+    def _table_fits(cls, table: tuple[float, ...] | None, info: ValidationInfo) -> tuple[float, ...] | None:
+        """g(b) for b = 1..max_batch_sessions exactly, starting at g(1) = 1 and never falling."""
+        limit = info.data.get("max_batch_sessions")
+        if table is not None and limit is not None:
+            if len(table) != limit:
+                raise ValueError(f"must give g(b) for b = 1..max_batch_sessions ({limit} numbers), got {len(table)}")
+            try:
+                check_batch_slowdown("registration", table)
+            except SpecError as exc:
+                raise ValueError(str(exc).removeprefix("registration: ")) from None
+        return table
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, name: str | None) -> str | None:
+        """A device the emulation knows (device_profile.py)."""
+        if name is not None:
+            try:
+                device_name(name)
+            except SpecError as exc:
+                raise ValueError(str(exc)) from None
+        return name
 
 
 class SpanBody(Body):
@@ -119,9 +169,10 @@ class DrainBody(Body):
 
 
 class MigrationPolicyBody(Body):
-    """POST /migrations: the migration policy to use from now on."""
+    """POST /migrations: the migration policy to use from now on (a name the orchestrator's registry of live
+    policies accepts, ``GET /policies``; it answers 400 naming the choices for any other)."""
 
-    policy: Literal["none", "jffc", "mell", "worst-fit"]
+    policy: Annotated[StrictStr, Field(min_length=1, max_length=32)]
 
 
 class MigratedBody(Body):

@@ -434,7 +434,7 @@ class BatchedSpanStep:
         q5 = q.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)  # [batch, kv_heads, groups, n, head_dim]
         out5 = out.view(batch, n, kvh, g, d).permute(0, 2, 3, 1, 4)
         if self.fused_attention:  # an emulated device's server (server/fused_attention.py): one fused call
-            from petals_chain.server.fused_attention import fused_causal
+            from petals_chain.server.causal_attention import fused_causal
 
             end = p + n
             att = fused_causal(q5.reshape(batch, kvh * g, n, d), _grouped(keys.narrow(3, 0, end).transpose(2, 3), g),

@@ -33,16 +33,18 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
 
 import torch
+from pydantic import Field, StrictFloat, StrictInt, field_validator
 from petals.data_structures import InferenceMetadata
 from petals.server.backend import _MergedInferenceStep
 from petals.server.server import RuntimeWithDeduplicatedPools
 from petals.server.task_pool import PrioritizedTaskPool, Task, _move_to_device_if_tensor
 
 from petals_chain import defaults
+from petals_chain.declared import Declared
 from petals_chain.server.bare_probe import BareProbe
 from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep
 
@@ -81,41 +83,52 @@ class StepLog:
         return cls(path) if path else None
 
 
-@dataclass(frozen=True)
-class BatchingConfig:
+class BatchingConfig(Declared):
     """The batching options of a server (``--max-batch-sessions``, ``--batch-window-ms``, ``--max-batch-tokens``,
     ``--batch-attention``, ``--runtime-cpus``, ``--kv-arena``, ``--step-log``, ``--bare-probe-every``)."""
 
-    max_sessions: int = defaults.MAX_BATCH_SESSIONS
-    window_s: float = defaults.BATCH_WINDOW_S
-    max_tokens: int = defaults.MAX_BATCH_TOKENS
-    prefill_chunk_tokens: int | None = None  # None: by device (defaults.PREFILL_CHUNK_TOKENS_CPU / _CUDA)
-    step_log: str = ""  # CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)
-    attention: str = defaults.BATCH_ATTENTION
-    runtime_cpus: tuple[int, ...] = ()  # the runtime thread's CPUs; the server's other threads get the rest
-    kv_arena: str = defaults.KV_ARENA  # sessions' caches as rows of one tensor per block (server/kv_arena.py)
-    bare_probe_every: int = 0  # time the bare forward after every N-th decode batch (server/bare_probe.py); 0: off
+    OWNER: ClassVar[str] = "batching"
 
-    def __post_init__(self) -> None:
-        if self.max_sessions < 1 or self.max_tokens < 1 or not self.window_s >= 0 or \
-                (self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1):
-            raise ValueError("batching needs max_sessions >= 1, max_tokens >= 1, window_s >= 0, prefill_chunk_tokens "
-                             f">= 1; got {self}")
-        if self.attention not in defaults.BATCH_ATTENTION_MECHANISMS:
-            raise ValueError(f"batching attention must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)},"
-                             f" got {self.attention!r}")
-        if self.kv_arena not in defaults.KV_ARENA_MODES:
-            raise ValueError(f"kv arena must be one of {', '.join(defaults.KV_ARENA_MODES)}, got {self.kv_arena!r}")
-        if self.bare_probe_every < 0:
-            raise ValueError(f"the bare probe's period must be >= 0 (0: off), got {self.bare_probe_every}")
+    max_sessions: Annotated[StrictInt, Field(ge=1)] = defaults.MAX_BATCH_SESSIONS
+    """The most sessions one step batches (1: PETALS' pool, one at a time)."""
+    window_s: Annotated[StrictFloat, Field(ge=0.0)] = defaults.BATCH_WINDOW_S
+    """How long a step waits for sessions of the last batches that have not sent theirs yet."""
+    max_tokens: Annotated[StrictInt, Field(ge=1)] = defaults.MAX_BATCH_TOKENS
+    """Most tokens (hypotheses x new tokens over all sessions) in one batched step."""
+    prefill_chunk_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    """Most tokens a long step advances per batched step; None: by device (defaults.PREFILL_CHUNK_TOKENS_CPU/_CUDA)."""
+    step_log: str = ""
+    """CSV of every batch's sessions, tokens and seconds ("": PETALS_CHAIN_STEP_LOG, if set)."""
+    attention: str = defaults.BATCH_ATTENTION
+    """How a batched decode step attends (defaults.BATCH_ATTENTION_MECHANISMS)."""
+    runtime_cpus: tuple[StrictInt, ...] = ()
+    """The runtime thread's CPUs; the server's other threads get the rest."""
+    kv_arena: str = defaults.KV_ARENA
+    """Sessions' caches as rows of one tensor per block (server/kv_arena.py; defaults.KV_ARENA_MODES)."""
+    bare_probe_every: Annotated[StrictInt, Field(ge=0)] = 0
+    """Time the bare forward after every N-th decode batch (server/bare_probe.py); 0: off."""
+
+    @field_validator("attention")
+    @classmethod
+    def _attention(cls, value: str) -> str:
+        if value not in defaults.BATCH_ATTENTION_MECHANISMS:
+            raise ValueError(f"must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)}")
+        return value
+
+    @field_validator("kv_arena")
+    @classmethod
+    def _kv_arena(cls, value: str) -> str:
+        if value not in defaults.KV_ARENA_MODES:
+            raise ValueError(f"must be one of {', '.join(defaults.KV_ARENA_MODES)}")
+        return value
 
     def for_device(self, device: torch.device | str | None) -> BatchingConfig:
         """This config with the prefill chunk resolved for a server on ``device`` (None: CPU)."""
         if self.prefill_chunk_tokens is not None:
             return self
         cuda = device is not None and torch.device(device).type == "cuda"
-        return replace(self, prefill_chunk_tokens=defaults.PREFILL_CHUNK_TOKENS_CUDA if cuda else
-                       defaults.PREFILL_CHUNK_TOKENS_CPU)
+        return self.replace(prefill_chunk_tokens=defaults.PREFILL_CHUNK_TOKENS_CUDA if cuda else
+                            defaults.PREFILL_CHUNK_TOKENS_CPU)
 
     @property
     def enabled(self) -> bool:

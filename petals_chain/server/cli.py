@@ -265,13 +265,17 @@ def build_server(args: argparse.Namespace) -> Any:
     start_shm_manager()
     torch.set_num_threads(max(1, args.torch_threads))
     workload = Workload(args.job_input_tokens, args.job_output_tokens)
-    if args.tau_p_s is None and args.emulate_device:  # the device's τp, not this checkpoint's on this CPU
+    slowdown = None
+    if args.emulate_device:  # the device's τp and g(b), not this checkpoint's on this CPU
         from petals_chain.device_profile import device
 
-        args.tau_p_s = device(args.emulate_device).dilated(args.time_dilation).job_s(args.job_input_tokens,
-                                                                                    args.job_output_tokens)
+        emulated = device(args.emulate_device).dilated(args.time_dilation)
+        if args.tau_p_s is None:
+            args.tau_p_s = emulated.job_s(args.job_input_tokens, args.job_output_tokens)
+        slowdown = emulated.batch_slowdown(args.job_input_tokens, args.job_output_tokens, args.max_batch_sessions)
     tau_p_s = args.tau_p_s or measure_tau_p(model_dir, sizes.dtype, args.job_input_tokens, args.job_output_tokens)
-    profile = profile_server(orch, name, memory, tau_p_s, workload)
+    profile = profile_server(orch, name, memory, tau_p_s, workload, max_batch_sessions=args.max_batch_sessions,
+                             batch_slowdown=slowdown, device=args.emulate_device)
     server = OrchestratedServer(
         orchestrator=orch,
         profile=profile,

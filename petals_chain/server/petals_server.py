@@ -56,6 +56,12 @@ class ServerProfile:
     tau_p_s: float
     tau_c_s: float
     rtt_s: float
+    max_batch_sessions: int = 1
+    """The most sessions one step batches (``--max-batch-sessions``; 1: PETALS' pool, one at a time)."""
+    batch_slowdown: tuple[float, ...] | None = None
+    """g(b) = τp(b)/τp(1) for b = 1..max_batch_sessions where the server knows it (an emulated device's)."""
+    device: str | None = None
+    """The device it emulates (``--emulate-device``), if any."""
 
 
 def measure_rtt_s(orch: BlockingOrchestrator, samples: int = 5) -> float:
@@ -142,7 +148,9 @@ class OrchestratedServer(Server):
 
         try:
             a = self.orch.run(lambda c: c.register(p.name, memory_bytes=p.memory_bytes, tau_p_s=p.tau_p_s,
-                                                   tau_c_s=p.tau_c_s, peer_id=self.peer_id, address=address),
+                                                   tau_c_s=p.tau_c_s, peer_id=self.peer_id, address=address,
+                                                   max_batch_sessions=p.max_batch_sessions,
+                                                   batch_slowdown=p.batch_slowdown, device=p.device),
                               timeout_s=60.0)
         except OrchestratorError as exc:
             raise RegistrationError(f"the orchestrator refused to register server {p.name!r}: {exc.message}") from None
@@ -334,8 +342,11 @@ def _span_text(a: AssignmentInfo | None) -> str:
 
 
 def profile_server(
-    orch: BlockingOrchestrator, name: str, memory_bytes: float, tau_p_s: float, workload: Workload
+    orch: BlockingOrchestrator, name: str, memory_bytes: float, tau_p_s: float, workload: Workload, *,
+    max_batch_sessions: int = 1, batch_slowdown: tuple[float, ...] | None = None, device: str | None = None,
 ) -> ServerProfile:
-    """The server's figures: τp as measured, τc = l_out · (RTT + overhead) from the measured RTT."""
+    """The server's figures: τp as measured, τc = l_out · (RTT + overhead) from the measured RTT, and what it
+    enforces (its batching limit, its g(b) where known, the device it emulates)."""
     rtt = measure_rtt_s(orch)
-    return ServerProfile(name, memory_bytes, tau_p_s, tau_c(rtt, workload), rtt)
+    return ServerProfile(name, memory_bytes, tau_p_s, tau_c(rtt, workload), rtt, max_batch_sessions,
+                         batch_slowdown, device)

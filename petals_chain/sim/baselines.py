@@ -30,7 +30,7 @@ and ``petals/client/inference_session.py`` (petals 2.2):
 BPRR WS-RR (:func:`simulate_bprr`), after Sun et al. (Performance Evaluation 2025); the policy itself
 (routing decision, believed calendar, commit FIFO, start rule, learning) is
 :mod:`petals_chain.dispatch.ws_rr`, which the live orchestrator's
-:class:`~petals_chain.orchestrator.ws_rr_leases.WsRrLeaseManager` drives too:
+:class:`~petals_chain.orchestrator.leasing.ws_rr.WsRrLeaseManager` drives too:
   * each server's M̃_j slots form a calendar: slot q is believed free from time F_jq on;
   * per request, on arrival, Dijkstra with edge cost w_j(m_ij) + τc_j + τp_j·m_ij,
     where w_j(m) = (m-th smallest F_jq − now)⁺ is the wait until m slots free at j;

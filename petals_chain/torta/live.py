@@ -1,10 +1,10 @@
 """TORTA's live lease policy: how a region's orchestrator picks the chain for each waiting request (``--micro``).
 
 The greedy score (7)–(10) of :mod:`petals_chain.torta.chain_score` as a lease policy
-(``petals_chain.orchestrator.lease_policy.LeasePolicy``, satisfied structurally: this library imports nothing of the
+(``petals_chain.orchestrator.leasing.policy.LeasePolicy``, satisfied structurally: this library imports nothing of the
 orchestrator). The macro layer's live decisions (which region serves each origin) are
 :class:`~petals_chain.torta.regional.RegionalMacro`'s; the regional HTTP front that applies them stays in
-``orchestrator/regions*.py`` (it needs the engine's types). The live demo's topology is
+``orchestrator/regions/`` (it needs the engine's types). The live demo's topology is
 :mod:`petals_chain.torta.live_demo`.
 """
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from petals_chain.checkpoint.resolve import model_display_name, resolve_model, seed_hub_cache
-from petals_chain.checkpoint.sizing import ModelDirError, block_sizes
+from petals_chain.checkpoint.resolve import ModelDirError
+from petals_chain.checkpoint.sizing import block_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 SMOL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"

@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from petals_chain.client.lease import LeaseKeeper
-from petals_chain.orchestrator.api import build_app
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.store import StateStore
+from petals_chain.orchestrator.http.api import build_app
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.state.store import StateStore
 from petals_chain.protocol.blocking import BlockingOrchestrator
 from tests.orchestrator.test_restart import Clock, _free_port, registered
 

@@ -15,7 +15,7 @@ from petals_chain.analysis.bounds import theorem37_bounds
 from petals_chain.analysis.ctmc import erlang_c_mean_response, exact_k2_mean_response
 from petals_chain.compose.method_table import METHODS
 from petals_chain.model import ServerSpec
-from petals_chain.orchestrator.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
 from petals_chain.service_time import bloom_176b
 from petals_chain.sim.systems import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload

@@ -11,7 +11,7 @@ import pytest
 
 from petals_chain.analysis.bounds import prefix_lower_bounds, theorem37_bounds
 from petals_chain.analysis.estimate import JffcMeans, jffc_mean_estimate
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_servers
 from petals_chain.compose.gbp_cr import gbp_cr
 from petals_chain.compose.gca import gca
 from petals_chain.compose.joint import joint_compose

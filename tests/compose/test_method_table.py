@@ -19,8 +19,8 @@ from petals_chain.launch.live_methods import LiveMethod, plan_method
 from petals_chain.launch.live_setup import FittedServer
 from petals_chain.model import ModelSpec, ServerSpec, SpecError
 from petals_chain.orchestrator.cli import build_orchestrator, parse_args
-from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+from petals_chain.orchestrator.leasing.leases import LeaseManager
+from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 from petals_chain.sim.systems import build_system, simulate_system
 from petals_chain.sim.workloads import poisson_workload
 
@@ -90,7 +90,7 @@ def test_every_method_is_accepted_or_refused_by_the_orchestrator(name: str, tmp_
         return
     orch, got = build_orchestrator(args)
     assert got is method
-    from petals_chain.orchestrator.migration import MigratingLeaseManager  # JFFC that can move sessions (--migration)
+    from petals_chain.orchestrator.leasing.migration import MigratingLeaseManager  # JFFC that can move sessions
 
     assert type(orch.leases) is {Routing.JFFC: MigratingLeaseManager, Routing.WS_RR: WsRrLeaseManager}[method.routing]
     assert isinstance(orch.leases, LeaseManager)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_servers
 from petals_chain.compose.capacity import blocks_for_capacity
 from petals_chain.compose.joint import joint_compose
 from petals_chain.compose.repair import add_server, drop_server, residual_slots, worth_replacing

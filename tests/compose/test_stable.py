@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from petals_chain.bench.compose import BLOOM, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_servers
 from petals_chain.compose.joint import joint_compose
 from petals_chain.compose.repair import worth_replacing
 from petals_chain.compose.stable import keep_spans, spans_changed, spans_of

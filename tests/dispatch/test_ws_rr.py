@@ -24,9 +24,9 @@ from petals_chain.compose.bprr import bprr_concurrency, cg_bp
 from petals_chain.compose.routes import Route, RouteGraph
 from petals_chain.dispatch.ws_rr import WsRr, best_fit_slots
 from petals_chain.model import Composition, InfeasibleError, ModelSpec, Placement, ServerSpec
-from petals_chain.orchestrator import ws_rr_leases
-from petals_chain.orchestrator.leases import Lease
-from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+from petals_chain.orchestrator.leasing import ws_rr as ws_rr_leases
+from petals_chain.orchestrator.leasing.leases import Lease
+from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 from petals_chain.sim.baselines import simulate_bprr
 from petals_chain.sim.workloads import Workload
 
@@ -208,7 +208,7 @@ def test_the_comparison_catches_a_live_side_that_disagrees(variant: type, monkey
 def test_lease_manager_reroutes_waiting_requests_on_a_new_placement() -> None:
     """A recomposition: leases granted on the old placement stay valid but free nothing on the new one (orphans);
     requests still waiting are routed again over the new placement, in order; with no placement they fail."""
-    from petals_chain.orchestrator.leases import LeaseTimeoutError
+    from petals_chain.orchestrator.leasing.leases import LeaseTimeoutError
 
     old = tie_instance()
     bigger = Composition(tuple(ServerSpec(s.name, 2 * s.memory_bytes, s.tau_c_s, s.tau_p_s) for s in old.servers),
@@ -322,8 +322,8 @@ def test_live_code_and_simulator_do_not_import_each_other() -> None:
     bad = sorted(m for m in _imports(pkg / "sim") if m.split(".")[:2] in (
         ["petals_chain", "orchestrator"], ["petals_chain", "server"], ["petals_chain", "client"]))
     assert not bad, f"the simulator imports live code: {bad}"
-    code = ("import sys, asyncio; import petals_chain.orchestrator.ws_rr_leases as w, petals_chain.orchestrator.core, "
-            "petals_chain.orchestrator.api; "
+    code = ("import sys, asyncio; import petals_chain.orchestrator.leasing.ws_rr as w, "
+            "petals_chain.orchestrator.engine.core, petals_chain.orchestrator.http.api; "
             "print(sorted(m for m in sys.modules if m.startswith('petals_chain.sim')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -129,7 +129,8 @@ def test_restart_keeps_names_to_their_secrets_and_close_never_waits(swarm: Local
     try:
         url = swarm.url
         assert swarm.start_orchestrator() == url
-        grab = {"name": "s1", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": INVENTED_PEER}
+        grab = {"name": "s1", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": INVENTED_PEER,
+                "max_batch_sessions": 16}
         status, reply, _ = call(swarm, "POST", "/servers/register", grab, TOKENS["server"])
         assert status == 403 and "only it may register again" in reply["error"], (status, reply)
         assert call(swarm, "POST", "/servers/s1/leave", {}, TOKENS["server"])[0] == 403

@@ -24,7 +24,8 @@ import torch
 
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.loopback.swarm import LocalSwarm, ServerPlan, group_members, write_tiny_llama  # noqa: E402
-from petals_chain.checkpoint.sizing import ModelDirError, block_sizes  # noqa: E402
+from petals_chain.checkpoint.resolve import ModelDirError  # noqa: E402
+from petals_chain.checkpoint.sizing import block_sizes  # noqa: E402
 
 pytestmark = pytest.mark.live
 

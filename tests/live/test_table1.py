@@ -191,7 +191,7 @@ def test_ws_rr_routes_cover_the_model_and_never_overcommit_a_server() -> None:
     """Many concurrent requests on a split placement: each lease's route covers blocks 0..L contiguously, and the
     blocks held per server never exceed its M̃_j slots; releases let waiting requests start in order."""
     from petals_chain.compose.capacity import cache_slots
-    from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+    from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 
     servers = _servers([4.0, 3.5, 3.5, 3.0])
     comp = METHODS["bprr"].compose(servers, MODEL, 2.0)
@@ -231,8 +231,8 @@ def test_ws_rr_routes_cover_the_model_and_never_overcommit_a_server() -> None:
 
 def test_ws_rr_waiting_request_times_out_and_leaves_the_queue() -> None:
     """A request that cannot start within its timeout raises and no longer blocks the FIFO."""
-    from petals_chain.orchestrator.leases import LeaseTimeoutError
-    from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+    from petals_chain.orchestrator.leasing.leases import LeaseTimeoutError
+    from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 
     comp = METHODS["bprr"].compose(_servers([7.3]), MODEL, 0.5)  # one server: 6 blocks + 13 slots = 2 jobs
 

@@ -14,7 +14,7 @@ CHILD = ('process 11:"python -B -c from multiprocessing.spawn import spawn_main;
 LOOP = ("_serve_child (petals_chain/bench/orchestrator.py:96);run (petals_chain/orchestrator/event_loop.py:29);"
         "BaseEventLoop.run_forever (asyncio/base_events.py:607);"
         "BaseEventLoop._run_once (asyncio/base_events.py:1922);Handle._run (asyncio/events.py:80)")
-MIDDLEWARES = "_api_middleware.<locals>.middleware (petals_chain/orchestrator/api.py:143)"
+MIDDLEWARES = "_api_middleware.<locals>.middleware (petals_chain/orchestrator/http/api.py:143)"
 
 
 def _sample(frames: str, n: int, thread: str = "MainThread", proc: str = CHILD) -> str:
@@ -23,22 +23,22 @@ def _sample(frames: str, n: int, thread: str = "MainThread", proc: str = CHILD) 
 
 def test_profile_split_counts_each_sample_for_its_innermost_item(capsys: pytest.CaptureFixture[str]) -> None:
     raw = "\n".join([
-        _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/api.py:356);"
-                "Orchestrator.lease_json (petals_chain/orchestrator/core.py:273);dumps (json/__init__.py:231);"
+        _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/http/api.py:356);"
+                "Orchestrator.lease_json (petals_chain/orchestrator/engine/core.py:273);dumps (json/__init__.py:231);"
                 "JSONEncoder.iterencode (json/encoder.py:258)", 5),
-        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/api.py:170)", 1),
-        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/api.py:170);"
-                "Guard.authorize (petals_chain/orchestrator/auth.py:306)", 2),
-        _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/api.py:356);"
-                "LeaseManager.acquire (petals_chain/orchestrator/leases.py:300);"
+        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/http/api.py:170)", 1),
+        _sample(f"{LOOP};{MIDDLEWARES};_authorize (petals_chain/orchestrator/http/api.py:170);"
+                "Guard.authorize (petals_chain/orchestrator/trust/auth.py:306)", 2),
+        _sample(f"{LOOP};{MIDDLEWARES};_lease (petals_chain/orchestrator/http/api.py:356);"
+                "LeaseManager.acquire (petals_chain/orchestrator/leasing/leases.py:300);"
                 "JFFC.on_arrival (petals_chain/dispatch/jffc.py:47)", 2),
         _sample(f"{LOOP};RequestHandler.data_received (aiohttp/web_protocol.py:446)", 7),
         _sample(f"{LOOP};_serve_child.<locals>.main (petals_chain/bench/orchestrator.py:90);"
-                "Orchestrator.install (petals_chain/orchestrator/core.py:118)", 11),  # before it serves
+                "Orchestrator.install (petals_chain/orchestrator/engine/core.py:118)", 11),  # before it serves
         _sample("_serve_child (petals_chain/bench/orchestrator.py:96);BaseEventLoop._run_once "
                 "(asyncio/base_events.py:1922);EpollSelector.select (selectors.py:468)", 13),
         _sample("_WorkItem.run (concurrent/futures/thread.py:58);StateStore.commit "
-                "(petals_chain/orchestrator/store.py:153)", 4, thread="ThreadPoolExecutor-0_0"),
+                "(petals_chain/orchestrator/state/store.py:153)", 4, thread="ThreadPoolExecutor-0_0"),
         f"{DRIVER};thread (10): MainThread;run (petals_chain/bench/orchestrator.py:300);"
         "_http_level (petals_chain/bench/orchestrator.py:120);ClientSession._request (aiohttp/client.py:600) 6",
     ])

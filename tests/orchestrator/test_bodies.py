@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from petals_chain.orchestrator.registry import Registry, RegistryError
+from petals_chain.orchestrator.state.registry import Registry, RegistryError
 from petals_chain.protocol.http_client import OrchestratorClient
 from petals_chain.protocol.limits import MAX_TTL_S
 from petals_chain.protocol.parsing import BadRequestError, parse
@@ -17,7 +17,7 @@ from petals_chain.protocol.requests import LeaseBody
 from tests.orchestrator.test_orchestrator import GB, MODEL, make_orchestrator, run, serving
 
 HUGE = "1" + "0" * 400  # 10**400 written out as a JSON number
-REGISTER = {"name": "newcomer", "memory_bytes": 8e9, "tau_p_s": 0.1, "tau_c_s": 0.01}
+REGISTER = {"name": "newcomer", "memory_bytes": 8e9, "tau_p_s": 0.1, "tau_c_s": 0.01, "max_batch_sessions": 16}
 
 # (path, raw JSON body, the field the error must name)
 BAD: list[tuple[str, str, str]] = [
@@ -99,10 +99,12 @@ def test_a_misspelt_key_is_named_first() -> None:
     async def body() -> None:
         orch = make_orchestrator()
         async with serving(orch) as url:
-            raw = json.dumps({"name": "z", "memory_byte": 8e9, "tau_p_s": 0.1, "tau_c_s": 0.01})
+            raw = json.dumps({"name": "z", "memory_byte": 8e9, "tau_p_s": 0.1, "tau_c_s": 0.01,
+                              "max_batch_sessions": 1})
             status, reply = await post(url, "/servers/register", raw)
         assert status == 400 and reply["status"] == 400
-        assert reply["error"].startswith("unknown field 'memory_byte' (allowed: address, memory_bytes, name,")
+        assert reply["error"].startswith("unknown field 'memory_byte' (allowed: address, batch_slowdown, device, "
+                                         "max_batch_sessions, memory_bytes, name,")
         assert reply["fields"] == ["memory_byte", "memory_bytes"]  # and the right key is then missing
         assert "z" not in orch.registry.servers
 
@@ -117,7 +119,9 @@ def test_bodies_accepted_before_are_still_accepted() -> None:
         async with serving(orch) as url:
             ok = [
                 ("/servers/register", json.dumps({"name": "n1", "memory_bytes": int(8 * GB), "tau_p_s": 1,
-                                                  "tau_c_s": 0, "peer_id": None, "address": None})),
+                                                  "tau_c_s": 0, "peer_id": None, "address": None,
+                                                  "max_batch_sessions": 1, "batch_slowdown": None,
+                                                  "device": None})),
                 ("/servers/heartbeat", json.dumps({"name": "n1", "serving": None, "tau_p_s": None,
                                                    "tau_c_s": None})),
                 ("/servers/heartbeat", json.dumps({"name": "n1", "serving": {"start": 0, "end": 0}, "tau_p_s": 1,

@@ -9,14 +9,14 @@ import time
 import numpy as np
 import pytest
 
-from petals_chain.bench.compose import BLOOM, bench_registry, bench_servers
+from petals_chain.bench.cluster import BLOOM, bench_registry, bench_servers
 from petals_chain.compose.method_table import proposed_composition
 from petals_chain.compose.repair import worth_replacing
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.compose_runner import ComposeRunner
-from petals_chain.orchestrator.composition import CompositionPolicy
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
+from petals_chain.orchestrator.engine.compose_runner import ComposeRunner
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
 
 J = 60
 POLICY = CompositionPolicy(proposed_composition, arrival_rate=0.01 * J)

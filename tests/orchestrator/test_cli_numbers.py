@@ -20,9 +20,9 @@ from petals_chain.cli_args import (
     size_range,
 )
 from petals_chain.model import ModelSpec, SpecError
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.state.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ["--model-blocks", "4", "--block-bytes", "1GB", "--cache-bytes", "100MB"]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from petals_chain.model import SpecError
 from petals_chain.orchestrator.cli import engine_config, parse_args
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.migration import MigratingLeaseManager
-from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.leasing.leases import LeaseManager
+from petals_chain.orchestrator.leasing.migration import MigratingLeaseManager
+from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 
 TINY = ["--model-blocks", "4", "--block-bytes", "1GB", "--cache-bytes", "0.1GB"]
 
@@ -23,7 +23,7 @@ def test_the_command_line_builds_the_config_once() -> None:
                                        "--offer-unready-chains"]))
     assert config.lease_ttl_s == 30.0 and config.heartbeat_timeout_s is None and config.migration == "jffc"
     assert config.offer_when_serving is False and config.pinned == {}
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError):
         config.lease_ttl_s = 1.0  # type: ignore[misc]
 
 

@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 
 from petals_chain.analysis.bounds import theorem37_bounds
-from petals_chain.orchestrator.chains import ChainInfo
-from petals_chain.orchestrator.dashboard import bounds_json
-from petals_chain.orchestrator.leases import LeaseManager
-from petals_chain.orchestrator.recent import RecentLeases
+from petals_chain.orchestrator.engine.chains import ChainInfo
+from petals_chain.orchestrator.http.dashboard import bounds_json
+from petals_chain.orchestrator.leasing.leases import LeaseManager
+from petals_chain.orchestrator.leasing.recent import RecentLeases
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.http_client import OrchestratorClient
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving, wait_until
@@ -177,7 +177,7 @@ def test_recent_leases_refuses_an_unknown_outcome() -> None:
     """Only released, failed and expired are outcomes."""
     ring = RecentLeases()
     chain = ChainInfo((Hop("a", 0, 4),), capacity=1, service_time_s=1.0)
-    from petals_chain.orchestrator.leases import Lease
+    from petals_chain.orchestrator.leasing.leases import Lease
 
     lease = Lease("L0", 0, chain, 0, 0, 1, time.monotonic(), 0.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="outcome"):
@@ -188,7 +188,7 @@ def test_recent_leases_refuses_an_unknown_outcome() -> None:
 def test_dashboard_under_ws_rr_routing_lists_what_chains_lists() -> None:
     """With routes per request (WS-RR) the chains table is /chains' one row per server with its slots in use, no
     fixed chain is offered, and the offered bounds say why there are none."""
-    from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+    from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
     from tests.orchestrator.test_orchestrator import BASE_CHAINS, hand_composition
 
     async def body() -> None:

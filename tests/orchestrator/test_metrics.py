@@ -194,7 +194,7 @@ def test_each_orchestrator_has_its_own_registry() -> None:
 def test_metrics_under_ws_rr_routing() -> None:
     """With the WS-RR lease manager (routes per request, no fixed chains) no composed chain is offered, and the
     cache slots in use per server are the blocks of the routes leased."""
-    from petals_chain.orchestrator.ws_rr_leases import WsRrLeaseManager
+    from petals_chain.orchestrator.leasing.ws_rr import WsRrLeaseManager
 
     async def body() -> None:
         orch = make_orchestrator(lease_manager=WsRrLeaseManager)

@@ -1,4 +1,4 @@
-"""Leases that move (orchestrator/migration.py, drain.py): a slot is reserved before a move is offered, the old one is
+"""Leases that move (leasing/migration.py, engine/drain.py): a slot is reserved before a move is offered, the old one is
 freed only once the move succeeded, a failed move leaves the session where it was, JFFC with migration picks the
 slowest busy chain, and a drain moves every session off a server before it leaves, recomposing only after."""
 
@@ -10,9 +10,9 @@ import functools
 import pytest
 
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.chains import ChainInfo
-from petals_chain.orchestrator.leases import UnknownLeaseError
-from petals_chain.orchestrator.migration import MigratingLeaseManager, NoMoveError
+from petals_chain.orchestrator.engine.chains import ChainInfo
+from petals_chain.orchestrator.leasing.leases import UnknownLeaseError
+from petals_chain.orchestrator.leasing.migration import MigratingLeaseManager, NoMoveError
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from petals_chain.protocol.messages import DRAINED_REASON

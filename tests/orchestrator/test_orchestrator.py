@@ -21,11 +21,11 @@ from aiohttp.test_utils import TestServer as LoopbackServer  # noqa: E402  (alia
 from petals_chain.compose.method_table import paper_composition  # noqa: E402
 from petals_chain.dispatch.jffc import JFFC  # noqa: E402
 from petals_chain.model import Chain, Composition, ModelSpec, Placement  # noqa: E402
-from petals_chain.orchestrator.api import build_app  # noqa: E402
-from petals_chain.orchestrator.composition import CompositionPolicy  # noqa: E402
-from petals_chain.orchestrator.config import OrchestratorConfig  # noqa: E402
-from petals_chain.orchestrator.core import Orchestrator  # noqa: E402
-from petals_chain.orchestrator.registry import Registry  # noqa: E402
+from petals_chain.orchestrator.http.api import build_app  # noqa: E402
+from petals_chain.orchestrator.engine.composition import CompositionPolicy  # noqa: E402
+from petals_chain.orchestrator.engine.config import OrchestratorConfig  # noqa: E402
+from petals_chain.orchestrator.engine.core import Orchestrator  # noqa: E402
+from petals_chain.orchestrator.state.registry import Registry  # noqa: E402
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -403,8 +403,8 @@ def test_waiters_keep_fifo_order_across_a_recomposition_without_chains() -> None
 def test_a_replacement_lease_keeps_its_place_ahead_of_later_requests() -> None:
     """A lease whose chain broke asks again with its job: the next free slot is its, not the queue head's;
     a job that still holds a lease cannot resume, and the queue limit never refuses a resumed job."""
-    from petals_chain.orchestrator.chains import ChainInfo
-    from petals_chain.orchestrator.leases import LeaseManager
+    from petals_chain.orchestrator.engine.chains import ChainInfo
+    from petals_chain.orchestrator.leasing.leases import LeaseManager
     from petals_chain.protocol.hop import Hop
 
     fast = ChainInfo((Hop("x", 0, 4),), capacity=1, service_time_s=1.0, chain_id="x")

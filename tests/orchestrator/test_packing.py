@@ -11,8 +11,8 @@ import pytest
 
 from petals_chain.dispatch.base import Start
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.chains import ChainInfo
-from petals_chain.orchestrator.migration import MigratingLeaseManager
+from petals_chain.orchestrator.engine.chains import ChainInfo
+from petals_chain.orchestrator.leasing.migration import MigratingLeaseManager
 from petals_chain.mell.live import PackingPolicy
 from petals_chain.protocol.hop import Hop
 from tests.orchestrator.test_orchestrator import run

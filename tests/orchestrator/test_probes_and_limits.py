@@ -10,9 +10,9 @@ from collections.abc import Awaitable
 import aiohttp
 import pytest
 
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.state.registry import Registry
 from petals_chain.protocol.limits import MAX_BODY_BYTES
 from tests.orchestrator.test_orchestrator import MODEL, PAPER, make_orchestrator, serving
 
@@ -50,7 +50,7 @@ def test_ready_is_503_until_a_chain_is_offered_then_200() -> None:
             assert "not ready" in reply["error"] and "0 servers alive" in reply["error"]
             assert (await get(http, url + "/health"))[0] == 200
 
-            reg = {"name": "a", "memory_bytes": 8 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01}
+            reg = {"name": "a", "memory_bytes": 8 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01, "max_batch_sessions": 16}
             status, reply = await post(http, url + "/servers/register", json.dumps(reg).encode())
             assert status == 200, reply
             span = reply["assignment"]

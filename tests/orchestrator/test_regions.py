@@ -14,11 +14,11 @@ import pytest
 from aiohttp.test_utils import TestServer as LoopbackServer
 
 from petals_chain.model import ModelSpec
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.regions import RegionalOrchestrator
-from petals_chain.orchestrator.regions_api import build_regional_app
-from petals_chain.orchestrator.registry import Registry
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.regions.front import RegionalOrchestrator
+from petals_chain.orchestrator.regions.api import build_regional_app
+from petals_chain.orchestrator.state.registry import Registry
 from tests.orchestrator.test_orchestrator import PAPER
 from petals_chain.torta.regional import RegionalMacro, RegionError
 
@@ -180,7 +180,7 @@ def test_http_origin_in_path_or_body_rtt_inference_and_errors() -> None:
                 assert r.status == 400 and (await r.json())["fields"] == ["policy"]
             async with http.post(url + "/macro/policy", json={"policy": "rr"}) as r:
                 assert r.status == 200 and reg.policy == "rr"
-            body = {"name": "b2", "memory_bytes": 4.9 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01}
+            body = {"name": "b2", "memory_bytes": 4.9 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01, "max_batch_sessions": 16}
             async with http.post(url + "/regions/r2/servers/register", json=body) as r:
                 assert r.status == 200
             async with http.get(url + "/servers") as r:
@@ -205,7 +205,7 @@ def test_servers_are_placed_by_name_or_by_rtt_and_bad_placements_lose_nothing() 
                 placed = await r.json()
                 assert r.status == 200 and placed["region"] == "r1" and placed["path"] == "/regions/r1"
                 assert placed["by"] == "name"
-            body = {"name": "n1", "memory_bytes": 4.9 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01}
+            body = {"name": "n1", "memory_bytes": 4.9 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01, "max_batch_sessions": 16}
             async with http.post(url + placed["path"] + "/servers/register", json=body) as r:
                 assert r.status == 200 and "n1" in reg.regions["r1"].registry.servers
             rtt = {"r0": 0.124, "r1": 0.086, "r2": 0.011}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from petals_chain.orchestrator.regions_cli import anchor_map, build, latency_matrix, main, parse_args
+from petals_chain.orchestrator.regions.cli import anchor_map, build, latency_matrix, main, parse_args
 from petals_chain.torta.ppo import BetaPolicy
 from petals_chain.torta.regional import RegionError, RegionLoad
 

@@ -14,15 +14,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer as LoopbackServer  # alias: pytest must not collect it
 
 from petals_chain.model import Chain, Composition, ModelSpec, Placement, ServerSpec
-from petals_chain.orchestrator.api import build_app
-from petals_chain.orchestrator.auth import Credentials
-from petals_chain.orchestrator.composition import CompositionPolicy
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.leases import LeaseTimeoutError
-from petals_chain.orchestrator.persist import Persistence
-from petals_chain.orchestrator.registry import Registry
-from petals_chain.orchestrator.store import StateStore
+from petals_chain.orchestrator.http.api import build_app
+from petals_chain.orchestrator.trust.auth import Credentials
+from petals_chain.orchestrator.engine.composition import CompositionPolicy
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.leasing.leases import LeaseTimeoutError
+from petals_chain.orchestrator.state.persist import Persistence
+from petals_chain.orchestrator.state.registry import Registry
+from petals_chain.orchestrator.state.store import StateStore
 from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorUnreachableError
 from petals_chain.protocol.requests import RegisterBody
@@ -68,7 +68,7 @@ async def registered(clock: Clock, store: StateStore) -> Orchestrator:
     orch = restored(clock, store, 30.0)
     for k, (name, memory) in enumerate(SERVERS.items()):
         await orch.register(RegisterBody(name=name, memory_bytes=memory, tau_p_s=0.01 * (k + 1), tau_c_s=0.05,
-                                         peer_id=f"peer-{name}"))
+                                         peer_id=f"peer-{name}", max_batch_sessions=16))
     return orch
 
 
@@ -335,7 +335,8 @@ def test_server_secrets_and_evictions_survive_a_restart_as_salted_hashes(tmp_pat
                 for name, memory in SERVERS.items():
                     status, reply = await _status(http, "POST", url + "/servers/register", "s-tok",
                                                   {"name": name, "memory_bytes": memory, "tau_p_s": 0.01,
-                                                   "tau_c_s": 0.05, "peer_id": f"peer-{name}"})
+                                                   "tau_c_s": 0.05, "peer_id": f"peer-{name}",
+                                                   "max_batch_sessions": 16})
                     assert status == 200, reply
                     issued[name] = reply["secret"]
                 assert (await _status(http, "POST", url + "/servers/c/evict", "o-tok", {"reason": "bad"}))[0] == 200
@@ -358,7 +359,8 @@ def test_server_secrets_and_evictions_survive_a_restart_as_salted_hashes(tmp_pat
         try:
             async with aiohttp.ClientSession() as http:
                 assert second.registry.servers["a"].alive  # restored: counted as heard from now
-                grab = {"name": "a", "memory_bytes": 9 * GB, "tau_p_s": 0.001, "tau_c_s": 0.01, "peer_id": "peer-x"}
+                grab = {"name": "a", "memory_bytes": 9 * GB, "tau_p_s": 0.001, "tau_c_s": 0.01, "peer_id": "peer-x",
+                        "max_batch_sessions": 16}
                 status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", grab)
                 assert status == 403 and "only it may register again" in reply["error"], reply
                 status, _ = await _status(http, "POST", url + "/servers/register", "s-tok", grab,
@@ -372,12 +374,12 @@ def test_server_secrets_and_evictions_survive_a_restart_as_salted_hashes(tmp_pat
                 # the real servers speak with the secrets they got before the restart
                 assert (await _status(http, "POST", url + "/servers/heartbeat", issued["a"], beat))[0] == 200
                 again = {"name": "b", "memory_bytes": SERVERS["b"], "tau_p_s": 0.02, "tau_c_s": 0.05,
-                         "peer_id": "peer-b"}
+                         "peer_id": "peer-b", "max_batch_sessions": 16}
                 status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", again,
                                               **{SECRET_HEADER: issued["b"]})
                 assert status == 200 and reply["secret"] == issued["b"], reply
                 back = {"name": "c", "memory_bytes": SERVERS["c"], "tau_p_s": 0.03, "tau_c_s": 0.05,
-                        "peer_id": "peer-c"}
+                        "peer_id": "peer-c", "max_batch_sessions": 16}
                 status, reply = await _status(http, "POST", url + "/servers/register", "s-tok", back)
                 assert status == 403 and "evicted" in reply["error"], reply
         finally:

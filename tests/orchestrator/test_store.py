@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from petals_chain.orchestrator.store import StateStore, StoredLease, StoredServer, StoredWaiter, StoreError
+from petals_chain.orchestrator.state.store import StateStore, StoredLease, StoredServer, StoredWaiter, StoreError
 
 REPO = Path(__file__).resolve().parents[2]
 CHAIN = {"spans": [["a", 0, 4]], "capacity": 2, "service_time_s": 1.5, "chain_id": "v3.0"}
@@ -102,7 +102,7 @@ def test_killed_between_the_writes_of_a_grant_leaves_the_request_waiting(tmp_pat
     db = tmp_path / "s.db"
     script = (
         "import os, signal, sys\n"
-        "from petals_chain.orchestrator.store import StateStore, StoredLease, StoredWaiter\n"
+        "from petals_chain.orchestrator.state.store import StateStore, StoredLease, StoredWaiter\n"
         "s = StateStore(sys.argv[1])\n"
         "for j in range(3):\n"
         "    s.queued(StoredWaiter(j, f'r{j}', 30.0, None, None, 0.0), next_job=3)\n"
@@ -126,7 +126,7 @@ def test_killed_at_any_moment_leaves_a_consistent_state(tmp_path: Path) -> None:
     at most one lease per slot (the child grants on one chain of capacity 4)."""
     script = (
         "import sys\n"
-        "from petals_chain.orchestrator.store import StateStore, StoredWaiter, StoredLease\n"
+        "from petals_chain.orchestrator.state.store import StateStore, StoredWaiter, StoredLease\n"
         "s = StateStore(sys.argv[1])\n"
         "chain = {'spans': [['a', 0, 4]], 'capacity': 4, 'service_time_s': 1.0, 'chain_id': 'v1.0'}\n"
         "held, job = [], 0\n"

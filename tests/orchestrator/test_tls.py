@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from petals_chain.model import SpecError
-from petals_chain.orchestrator.api import build_app, serve
-from petals_chain.orchestrator.auth import Credentials
-from petals_chain.orchestrator.exposure import exposure_warnings, is_loopback, self_signed_pair, server_tls
+from petals_chain.orchestrator.http.api import build_app, serve
+from petals_chain.orchestrator.trust.auth import Credentials
+from petals_chain.orchestrator.http.exposure import exposure_warnings, is_loopback, self_signed_pair, server_tls
 from petals_chain.protocol.http_client import OrchestratorClient, tls_context
 from tests.orchestrator.test_orchestrator import REPO, make_orchestrator, run
 

@@ -17,7 +17,7 @@ import pytest
 
 from petals_chain import cli_args
 from petals_chain.orchestrator import cli as orch_cli
-from petals_chain.orchestrator import regions_cli
+from petals_chain.orchestrator.regions import cli as regions_cli
 from petals_chain.protocol.blocking import request_json
 from petals_chain.protocol.http_client import OrchestratorError
 from petals_chain.server import cli as server_cli

@@ -17,13 +17,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer as LoopbackServer
 
-from petals_chain.orchestrator.api import build_app
-from petals_chain.orchestrator.auth import Credentials, Role
-from petals_chain.orchestrator.config import OrchestratorConfig
-from petals_chain.orchestrator.core import Orchestrator
-from petals_chain.orchestrator.registry import ClaimError, Registry
-from petals_chain.orchestrator.suspects import FalseReportLimiter, RateLimitedError
-from petals_chain.orchestrator.trust import Trust
+from petals_chain.orchestrator.http.api import build_app
+from petals_chain.orchestrator.trust.auth import Credentials, Role
+from petals_chain.orchestrator.engine.config import OrchestratorConfig
+from petals_chain.orchestrator.engine.core import Orchestrator
+from petals_chain.orchestrator.state.registry import ClaimError, Registry
+from petals_chain.orchestrator.trust.suspects import FalseReportLimiter, RateLimitedError
+from petals_chain.orchestrator.trust.belief import Trust
 from petals_chain.protocol.auth import SECRET_HEADER
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from petals_chain.protocol.requests import HeartbeatBody, RegisterBody
@@ -77,7 +77,8 @@ class TableSwarm:
 
 def _reg(name: str, peer: str | None, memory_gb: float = 8.0, tau_p_s: float = 0.1) -> RegisterBody:
     """A registration body."""
-    return RegisterBody(name=name, memory_bytes=memory_gb * GB, tau_p_s=tau_p_s, tau_c_s=0.01, peer_id=peer)
+    return RegisterBody(name=name, memory_bytes=memory_gb * GB, tau_p_s=tau_p_s, tau_c_s=0.01, peer_id=peer,
+                        max_batch_sessions=16)
 
 
 def _assignments(orch: Orchestrator) -> dict[str, tuple[int, int]]:
@@ -261,7 +262,8 @@ def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None
         async with serving(orch) as url, aiohttp.ClientSession() as http:
             secrets = {}
             for name, tau in (("a", 0.1), ("b", 0.2)):
-                reg = {"name": name, "memory_bytes": 8 * GB, "tau_p_s": tau, "tau_c_s": 0.01, "peer_id": f"P{name}"}
+                reg = {"name": name, "memory_bytes": 8 * GB, "tau_p_s": tau, "tau_c_s": 0.01, "peer_id": f"P{name}",
+                       "max_batch_sessions": 16}
                 assert (await _call(http, "POST", url + "/servers/register", "c-tok", reg))[0] == 403
                 status, reply = await _call(http, "POST", url + "/servers/register", "s-tok", reg)
                 assert status == 200 and len(reply["secret"]) >= 32
@@ -283,14 +285,16 @@ def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None
             assert orch.leases.free_capacity() == capacity
 
             # an impostor with the server credential cannot take over a live name or make it leave
-            grab = {"name": "a", "memory_bytes": 90 * GB, "tau_p_s": 0.01, "tau_c_s": 0.01, "peer_id": "Px"}
+            grab = {"name": "a", "memory_bytes": 90 * GB, "tau_p_s": 0.01, "tau_c_s": 0.01, "peer_id": "Px",
+                    "max_batch_sessions": 16}
             status, reply = await _call(http, "POST", url + "/servers/register", "s-tok", grab)
             assert status == 403 and "only it may register again" in reply["error"]
             for token in ("s-tok", "c-tok", "o-tok", secrets["b"]):
                 assert (await _call(http, "POST", url + "/servers/a/leave", token, {}))[0] == 403
             assert orch.registry.servers["a"].memory_bytes == 8 * GB and orch.registry.servers["a"].alive
             # the real one may re-register with its secret, and keeps it
-            again = {"name": "a", "memory_bytes": 8 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01, "peer_id": "Pa"}
+            again = {"name": "a", "memory_bytes": 8 * GB, "tau_p_s": 0.1, "tau_c_s": 0.01, "peer_id": "Pa",
+                     "max_batch_sessions": 16}
             status, reply = await _call(http, "POST", url + "/servers/register", "s-tok", again,
                                         **{SECRET_HEADER: secrets["a"]})
             assert status == 200 and reply["secret"] == secrets["a"]
@@ -318,7 +322,8 @@ def test_each_role_only_its_routes_and_a_server_speaks_only_for_itself() -> None
 
             status, reply = await _call(http, "POST", url + "/servers/b/evict", "o-tok", {"reason": "misbehaves"})
             assert status == 200 and reply["evicted"] is True and not orch.registry.servers["b"].alive
-            back = {"name": "b", "memory_bytes": 8 * GB, "tau_p_s": 0.2, "tau_c_s": 0.01, "peer_id": "Pb"}
+            back = {"name": "b", "memory_bytes": 8 * GB, "tau_p_s": 0.2, "tau_c_s": 0.01, "peer_id": "Pb",
+                    "max_batch_sessions": 16}
             status, reply = await _call(http, "POST", url + "/servers/register", "s-tok", back)
             assert status == 403 and "evicted" in reply["error"]
             beat = {"name": "b"}

@@ -14,11 +14,11 @@ import pytest
 from petals_chain.model import SpecError
 from petals_chain.moldable.policies import scheme_probabilities
 from petals_chain.moldable.speedup import SpeedUp
-from petals_chain.orchestrator.chains import ChainInfo
+from petals_chain.orchestrator.engine.chains import ChainInfo
 from petals_chain.orchestrator.cli import main as orchestrator_main
-from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.orchestrator.leasing.leases import LeaseManager
 from petals_chain.moldable.live import WIDTH_METHODS, SpeedUpProfile, speedup_profile, width_probabilities
-from petals_chain.orchestrator.width_leases import LeaseWidths
+from petals_chain.orchestrator.leasing.widths import LeaseWidths
 from petals_chain.protocol.hop import Hop
 from petals_chain.protocol.http_client import OrchestratorClient, OrchestratorError
 from tests.orchestrator.test_orchestrator import make_orchestrator, run, serving

@@ -58,7 +58,7 @@ def test_bad_values_are_one_line_errors_with_exit_code_2(option: str, value: str
 def test_config_refuses_an_unknown_attention() -> None:
     from petals_chain.server.batching import BatchingConfig
 
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="attention. must be one of"):
         BatchingConfig(attention="flash")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from petals_chain.server import fused_attention
+from petals_chain.server import causal_attention, fused_attention
 from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep
 from petals_chain.server.random_span import TINY, allocate_session, inference_infos, llama_config, random_backends
 
@@ -57,6 +57,6 @@ def test_fused_attention_equals_petals_unfused(backends) -> None:
 
 def test_causal_allowed_sees_the_past_and_itself() -> None:
     """Query i at position past + i sees exactly keys 0 … past + i."""
-    mask = fused_attention.causal_allowed(3, 2)
+    mask = causal_attention.causal_allowed(3, 2)
     assert mask.tolist() == [[True, True, True, False, False], [True, True, True, True, False],
                              [True, True, True, True, True]]

@@ -38,3 +38,20 @@ def test_bench_sim_runs_small_and_writes_json(tmp_path: Path, capsys: pytest.Cap
     assert "fast/SimPy" in text
     row = json.loads(out.read_text())["rows"][0]
     assert row["chains"] == 4 and row["fast_jobs_per_s"] > 0 and row["max_response_gap_s"] < 1e-9
+
+
+def test_ab_refuses_a_missing_benchmark_or_an_unknown_revision(capsys: pytest.CaptureFixture[str]) -> None:
+    """`bench ab` says in one line what is wrong and touches no worktree."""
+    assert main(["ab", "--base", "HEAD"]) == 2
+    assert "give the benchmark after '--'" in capsys.readouterr().err
+    assert main(["ab", "--base", "no-such-revision-xyz", "--", "sim"]) == 2
+    assert "is not a git revision" in capsys.readouterr().err
+
+
+def test_ab_runs_both_sides_in_alternating_turns(capsys: pytest.CaptureFixture[str]) -> None:
+    """Against HEAD itself, each side runs each turn, old first in odd turns and new first in even ones."""
+    assert main(["ab", "--base", "HEAD", "--turns", "2", "--", "nosuch"]) == 1  # the benchmark fails on both sides
+    out = capsys.readouterr().out
+    headers = [line.split()[1:3] for line in out.splitlines() if line.startswith("## ") and "load" in line]
+    assert headers == [["old", "1"], ["new", "1"], ["new", "2"], ["old", "2"]]
+    assert out.count("unknown benchmark 'nosuch'") == 4 and "# load after" in out

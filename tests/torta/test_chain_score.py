@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from petals_chain.dispatch.jffc import JFFC
-from petals_chain.orchestrator.leases import LeaseManager
+from petals_chain.orchestrator.leasing.leases import LeaseManager
 from petals_chain.torta.chain_score import GreedyScoreChains, chain_scores
 from petals_chain.torta.live import GreedyScorePolicy
 
@@ -42,7 +42,7 @@ def test_an_idle_chain_beats_a_loaded_fast_one_unlike_jffc() -> None:
 
 def test_lease_manager_uses_the_greedy_rule() -> None:
     """The regions' greedy lease manager builds its policy from the chains it is given."""
-    from petals_chain.orchestrator.chains import ChainInfo
+    from petals_chain.orchestrator.engine.chains import ChainInfo
     from petals_chain.protocol.hop import Hop
 
     lm = LeaseManager(policy=GreedyScorePolicy())

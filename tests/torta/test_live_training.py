@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from petals_chain.orchestrator.regions_cli import build, parse_args
+from petals_chain.orchestrator.regions.cli import build, parse_args
 from petals_chain.torta import live_demo
 from petals_chain.torta.regional import FORECAST_SLOTS, RegionLoad
 from petals_chain.experiments.torta_train import main as train_main
