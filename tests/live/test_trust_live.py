@@ -149,11 +149,13 @@ def test_probe_attacks_change_nothing(swarm: LocalSwarm, model) -> None:
     watch = CapacityWatch(swarm)
     s = TOKENS["server"]
 
-    ghost = {"name": "ghost", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": INVENTED_PEER}
+    ghost = {"name": "ghost", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": INVENTED_PEER,
+             "max_batch_sessions": 16}
     status, reply, _ = call(swarm, "POST", "/servers/register", ghost, s)
     assert status == 200 and reply["server"]["pending"] and reply["assignment"]["num_blocks"] == 0
     real = _servers(swarm)["s1"]
-    impostor = {"name": "impostor", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": real["peer_id"]}
+    impostor = {"name": "impostor", "memory_bytes": 50e6, "tau_p_s": 1e-4, "tau_c_s": 0.0, "peer_id": real["peer_id"],
+                "max_batch_sessions": 16}
     status, reply, _ = call(swarm, "POST", "/servers/register", impostor, s)
     assert status == 409 and "belongs to server 's1'" in reply["error"]
 
@@ -233,7 +235,8 @@ def test_fuzzed_requests_are_4xx_with_json_and_change_nothing(swarm: LocalSwarm,
     before = _spans(swarm)
     status, held, _ = call(swarm, "POST", "/lease", {"timeout_s": 60, "client": "holder"}, c)
     assert status == 200
-    fz = {"name": "fz", "memory_bytes": 50e6, "tau_p_s": 0.1, "tau_c_s": 0.0, "peer_id": INVENTED_PEER}
+    fz = {"name": "fz", "memory_bytes": 50e6, "tau_p_s": 0.1, "tau_c_s": 0.0, "peer_id": INVENTED_PEER,
+          "max_batch_sessions": 16}
     status, reply, _ = call(swarm, "POST", "/servers/register", fz, s)
     assert status == 200
     fz_secret = reply["secret"]
@@ -253,7 +256,8 @@ def test_fuzzed_requests_are_4xx_with_json_and_change_nothing(swarm: LocalSwarm,
     bad_leases = ["nope", "L0-ffffffffffff", done_lease["lease_id"], "%2e%2e", "y" * 3000]
     routes: list[tuple[str, str, str, dict[str, Any], str | None]] = [
         ("POST", "/servers/register", "/servers/register", {"name": "fz2", "memory_bytes": 50e6, "tau_p_s": 0.1,
-                                                            "tau_c_s": 0.0, "peer_id": INVENTED_PEER}, s),
+                                                            "tau_c_s": 0.0, "peer_id": INVENTED_PEER,
+                                                            "max_batch_sessions": 16}, s),
         ("POST", "/servers/heartbeat", "/servers/heartbeat", {"name": "fz", "serving": {"start": 0, "end": 0}},
          fz_secret),
         ("POST", "/servers/{name}/leave", "leave", {"reason": "x"}, None),
