@@ -27,11 +27,13 @@ def _load() -> str:
 
 
 def _run_side(checkout: Path, bench: list[str]) -> tuple[int, str]:
-    """Run the benchmark with ``checkout``'s petals_chain; (exit code, stdout and stderr)."""
+    """Run the benchmark with ``checkout``'s petals_chain; (exit code, its stdout, and the last lines of its stderr
+    if it failed: progress bars and warnings are not figures)."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     proc = subprocess.run([sys.executable, "-m", "petals_chain.bench", *bench], cwd=checkout, env=env,
                           capture_output=True, text=True)
-    return proc.returncode, proc.stdout + proc.stderr
+    tail = "" if proc.returncode == 0 else "\n".join(proc.stderr.splitlines()[-5:])
+    return proc.returncode, proc.stdout + tail
 
 
 def run(argv: list[str] | None = None) -> int:
