@@ -11,6 +11,7 @@ their configs from these classes, and tests check that every option's default is
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -66,3 +67,19 @@ class Declared(BaseModel):
     def replace(self, **changes: Any) -> Any:
         """A copy with ``changes``, validated again."""
         return type(self)(**{**self.fields(), **changes})
+
+
+def one_of(value: Any, choices: Sequence[str]) -> Any:
+    """``value`` if it is one of ``choices``; else the ValueError a field validator raises (worded for the one-line
+    error: "must be one of a, b, c")."""
+    if value not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
+    return value
+
+
+def real(value: Any, *, ok: Callable[[float], bool] = lambda v: True, want: str = "a finite number") -> float:
+    """``value`` as a float if it is a real number (not a bool) for which ``ok`` holds; else ValueError("must be
+    " + want)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or not ok(float(value)):
+        raise ValueError(f"must be {want}")
+    return float(value)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field, field_validator
 
 from petals_chain import defaults
-from petals_chain.declared import Declared
+from petals_chain.declared import Declared, one_of, real
 from petals_chain.mell.hybrid import RULES, Speeds
 from petals_chain.model import SpecError
 from petals_chain.moldable.width_range import check_width
@@ -61,9 +61,7 @@ class LeaseOptions(Declared):
     @field_validator("timeout_s", "ttl_s", "reload_wait_s", "move_check_s", mode="before")
     @classmethod
     def _positive_seconds(cls, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ValueError("must be > 0 seconds")
-        return float(value)
+        return real(value, ok=lambda v: 0 < v < math.inf, want="> 0 seconds")
 
     @field_validator("max_failovers", "move_prefill_tokens", mode="before")
     @classmethod
@@ -75,23 +73,17 @@ class LeaseOptions(Declared):
     @field_validator("move_link_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            raise ValueError("must be >= 0")
-        return float(value)
+        return real(value, ok=lambda v: v >= 0, want=">= 0")
 
     @field_validator("emulated_rtt_s", mode="before")
     @classmethod
     def _rtt(cls, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 60:
-            raise ValueError("must be a number of seconds in [0, 60)")
-        return float(value)
+        return real(value, ok=lambda v: 0 <= v < 60, want="a number of seconds in [0, 60)")
 
     @field_validator("move_rule")
     @classmethod
     def _rule(cls, value: str) -> str:
-        if value not in RULES:
-            raise ValueError(f"must be one of {RULES}")
-        return value
+        return one_of(value, RULES)
 
     @field_validator("move_speeds")
     @classmethod

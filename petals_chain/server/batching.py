@@ -44,7 +44,7 @@ from petals.server.server import RuntimeWithDeduplicatedPools
 from petals.server.task_pool import PrioritizedTaskPool, Task, _move_to_device_if_tensor
 
 from petals_chain import defaults
-from petals_chain.declared import Declared
+from petals_chain.declared import Declared, one_of
 from petals_chain.server.bare_probe import BareProbe
 from petals_chain.server.batched_step import BatchedMergedInferenceStep, BatchedSpanStep
 
@@ -111,16 +111,12 @@ class BatchingConfig(Declared):
     @field_validator("attention")
     @classmethod
     def _attention(cls, value: str) -> str:
-        if value not in defaults.BATCH_ATTENTION_MECHANISMS:
-            raise ValueError(f"must be one of {', '.join(defaults.BATCH_ATTENTION_MECHANISMS)}")
-        return value
+        return one_of(value, defaults.BATCH_ATTENTION_MECHANISMS)
 
     @field_validator("kv_arena")
     @classmethod
     def _kv_arena(cls, value: str) -> str:
-        if value not in defaults.KV_ARENA_MODES:
-            raise ValueError(f"must be one of {', '.join(defaults.KV_ARENA_MODES)}")
-        return value
+        return one_of(value, defaults.KV_ARENA_MODES)
 
     def for_device(self, device: torch.device | str | None) -> BatchingConfig:
         """This config with the prefill chunk resolved for a server on ``device`` (None: CPU)."""

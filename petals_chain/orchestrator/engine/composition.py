@@ -18,7 +18,7 @@ from pydantic import Field, StrictInt, field_validator
 
 from petals_chain import defaults
 from petals_chain.compose.method_table import Composer, proposed_composition
-from petals_chain.declared import Declared
+from petals_chain.declared import Declared, one_of, real
 from petals_chain.model import Composition, ModelSpec, ServerSpec, SpecError
 
 MAX_ARRIVAL_RATE = 1e9  # requests/s; more is a typo
@@ -50,18 +50,14 @@ class CompositionPolicy(Declared):
     @field_validator("arrival_rate", "target_load", mode="before")
     @classmethod
     def _real(cls, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError("must be a finite number")
-        return float(value)
+        return real(value)
 
     @field_validator("tune")
     @classmethod
     def _tune(cls, value: str) -> str:
         from petals_chain.compose.tuning import CRITERIA
 
-        if value not in CRITERIA:
-            raise ValueError(f"must be one of {', '.join(CRITERIA)}")
-        return value
+        return one_of(value, CRITERIA)
 
     def compose(self, servers: Sequence[ServerSpec], model: ModelSpec) -> Composition:
         """Run the composer on the given servers (pure; safe to call off the event loop)."""

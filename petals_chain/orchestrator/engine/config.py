@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from petals_chain import defaults
-from petals_chain.declared import Declared
+from petals_chain.declared import Declared, one_of, real
 from petals_chain.model import ServerSpec, SpecError
 from petals_chain.orchestrator.engine.compose_runner import COMPOSE_IN
 from petals_chain.orchestrator.leasing.policies import LEASE_POLICIES
@@ -60,24 +60,17 @@ class OrchestratorConfig(Declared):
     @field_validator("lease_ttl_s", mode="before")
     @classmethod
     def _ttl(cls, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError("must be a finite number > 0 (the leases' default_ttl_s)")
-        return float(value)
+        return real(value, ok=lambda v: 0 < v < float("inf"), want="a finite number > 0 (the leases' default_ttl_s)")
 
     @field_validator("migration")
     @classmethod
     def _migration(cls, value: str) -> str:
-        names = LEASE_POLICIES.names("migration")
-        if value not in names:
-            raise ValueError(f"must be one of {', '.join(names)}")
-        return value
+        return one_of(value, LEASE_POLICIES.names("migration"))
 
     @field_validator("compose_in")
     @classmethod
     def _compose_in(cls, value: str) -> str:
-        if value not in COMPOSE_IN:
-            raise ValueError(f"must be one of {', '.join(COMPOSE_IN)}")
-        return value
+        return one_of(value, COMPOSE_IN)
 
     @field_validator("pinned")
     @classmethod
