@@ -56,7 +56,7 @@ class LeaseOptions(Declared):
     emulated_rtt_s: float = 0.0
     """Speculative sessions wait this long before each hop (a WAN on loopback)."""
 
-    model_config = ConfigDict(**{**Declared.model_config, "allow_inf_nan": True})  # move_link_bytes may be inf
+    model_config = ConfigDict(allow_inf_nan=True)  # merged into Declared's; move_link_bytes may be inf
 
     @field_validator("timeout_s", "ttl_s", "reload_wait_s", "move_check_s", mode="before")
     @classmethod

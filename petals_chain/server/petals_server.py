@@ -56,7 +56,7 @@ class ServerProfile:
     tau_p_s: float
     tau_c_s: float
     rtt_s: float
-    max_batch_sessions: int = 1
+    max_batch_sessions: int = defaults.MAX_BATCH_SESSIONS
     """The most sessions one step batches (``--max-batch-sessions``; 1: PETALS' pool, one at a time)."""
     batch_slowdown: tuple[float, ...] | None = None
     """g(b) = τp(b)/τp(1) for b = 1..max_batch_sessions where the server knows it (an emulated device's)."""
@@ -343,7 +343,8 @@ def _span_text(a: AssignmentInfo | None) -> str:
 
 def profile_server(
     orch: BlockingOrchestrator, name: str, memory_bytes: float, tau_p_s: float, workload: Workload, *,
-    max_batch_sessions: int = 1, batch_slowdown: tuple[float, ...] | None = None, device: str | None = None,
+    max_batch_sessions: int = defaults.MAX_BATCH_SESSIONS, batch_slowdown: tuple[float, ...] | None = None,
+    device: str | None = None,
 ) -> ServerProfile:
     """The server's figures: τp as measured, τc = l_out · (RTT + overhead) from the measured RTT, and what it
     enforces (its batching limit, its g(b) where known, the device it emulates)."""
